@@ -1,0 +1,178 @@
+"""The one SQLite database every memory layer shares.
+
+WAL + synchronous=NORMAL (durable across process crashes, fast commits),
+foreign keys, a busy timeout, BEGIN IMMEDIATE for every write transaction,
+and versioned migrations recorded in ``schema_version``.
+
+One ``Database`` owns one aiosqlite connection, which belongs to the event
+loop that opened it. Writes are serialised by an asyncio lock so that two
+coroutines never interleave statements inside one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable, Sequence
+
+import aiosqlite
+
+from memory.schema import MIGRATIONS
+
+BUSY_TIMEOUT_MS = 5000
+
+
+class DatabaseError(RuntimeError):
+    """A database problem worth one clear line to an operator."""
+
+
+class SchemaTooNew(DatabaseError):
+    pass
+
+
+class Database:
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self.path = str(path)
+        self.busy_timeout_ms = busy_timeout_ms
+        self._conn: aiosqlite.Connection | None = None
+        self._write_lock = asyncio.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def open(self) -> "Database":
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._conn = await aiosqlite.connect(
+            self.path, isolation_level=None, timeout=self.busy_timeout_ms / 1000
+        )
+        self._conn.row_factory = sqlite3.Row
+        await self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        await self._conn.execute("PRAGMA journal_mode=WAL")
+        await self._conn.execute("PRAGMA synchronous=NORMAL")
+        await self._conn.execute("PRAGMA foreign_keys=ON")
+        await self._migrate()
+        return self
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.execute("PRAGMA optimize")
+            await self._conn.close()
+            self._conn = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._conn is not None
+
+    @property
+    def conn(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise DatabaseError("database is not open")
+        return self._conn
+
+    # -- migrations ----------------------------------------------------------------
+    async def _migrate(self) -> None:
+        conn = self.conn
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at REAL NOT NULL)"
+        )
+        cur = await conn.execute("SELECT MAX(version) FROM schema_version")
+        row = await cur.fetchone()
+        current = row[0] or 0
+        latest = len(MIGRATIONS)
+        if current > latest:
+            raise SchemaTooNew(
+                f"database {self.path} has schema version {current}, newer than this Ethan "
+                f"understands ({latest}); upgrade Ethan or restore a backup"
+            )
+        for version in range(current + 1, latest + 1):
+            script = MIGRATIONS[version - 1]
+            async with self.transaction() as tx:
+                for stmt in _split_sql(script):
+                    await tx.execute(stmt)
+                await tx.execute(
+                    "INSERT INTO schema_version(version, applied_at) VALUES (?, ?)",
+                    (version, time.time()),
+                )
+
+    async def schema_version(self) -> int:
+        row = await self.fetchone("SELECT MAX(version) AS v FROM schema_version")
+        return int(row["v"] or 0)
+
+    # -- access --------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """A write transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on error."""
+        async with self._write_lock:
+            conn = self.conn
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as e:
+                raise DatabaseError(f"database is busy ({e}); another process holds the write lock") from e
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+                raise
+            else:
+                await conn.execute("COMMIT")
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """One write statement in its own transaction; returns lastrowid (or rowcount)."""
+        async with self.transaction() as tx:
+            cur = await tx.execute(sql, params)
+            return cur.lastrowid if cur.lastrowid else cur.rowcount
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        async with self.transaction() as tx:
+            await tx.executemany(sql, rows)
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        cur = await self.conn.execute(sql, params)
+        try:
+            return await cur.fetchone()
+        finally:
+            await cur.close()
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        cur = await self.conn.execute(sql, params)
+        try:
+            return list(await cur.fetchall())
+        finally:
+            await cur.close()
+
+    async def backup_to(self, dest: str | Path) -> None:
+        """A consistent copy while the server runs (SQLite online backup API)."""
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        target = sqlite3.connect(str(dest))
+        try:
+            await self.conn.backup(target)
+        finally:
+            target.close()
+
+    async def integrity_check(self) -> str:
+        row = await self.fetchone("PRAGMA integrity_check")
+        return str(row[0])
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration into statements; triggers keep their inner semicolons."""
+    out: list[str] = []
+    buf: list[str] = []
+    for line in script.splitlines():
+        buf.append(line)
+        candidate = "\n".join(buf).strip()
+        if candidate.endswith(";") and sqlite3.complete_statement(candidate):
+            out.append(candidate)
+            buf = []
+    tail = "\n".join(buf).strip()
+    if tail:
+        out.append(tail)
+    return out
+
+
+async def open_database(path: str | Path) -> Database:
+    return await Database(path).open()

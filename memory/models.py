@@ -1,0 +1,69 @@
+"""What each model generation accepts, in one table, and the consolidation routing.
+
+Unknown model names never break a reply: they get conservative defaults
+(no forced tool use assumed, no sampling parameters) and route to themselves.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCaps:
+    forced_tool_use: bool = True        # tool_choice={"type": "tool", ...} accepted
+    sampling_params: bool = True        # temperature / top_p accepted
+    structured_outputs: bool = True     # output_config.format json_schema accepted
+    retired_on: str = ""                # ISO date the model reached end of life
+    successor: str = ""                 # what to use instead once retired
+
+
+# First match wins; patterns are fnmatch-style on the model id.
+CAPABILITIES: list[tuple[str, ModelCaps]] = [
+    ("claude-sonnet-4-5*", ModelCaps(retired_on="2026-11-30", successor="claude-sonnet-4-6")),
+    ("claude-opus-4-7*", ModelCaps(forced_tool_use=False, sampling_params=False)),
+    ("claude-opus-4-6*", ModelCaps(forced_tool_use=False, sampling_params=False)),
+    ("claude-opus-*", ModelCaps()),
+    ("claude-sonnet-*", ModelCaps()),
+    ("claude-haiku-*", ModelCaps()),
+    ("ethan-offline*", ModelCaps()),
+]
+UNKNOWN = ModelCaps(forced_tool_use=False, sampling_params=False, structured_outputs=True)
+
+# The spec's table: main model -> cheaper consolidation model.
+ROUTES: list[tuple[str, str]] = [
+    ("claude-opus-*", "claude-haiku-4-5"),
+    ("claude-sonnet-*", "claude-haiku-4-5"),
+    ("gemini-*-pro", "gemini-*-flash-lite"),
+    ("gemini-*-flash", "gemini-*-flash-lite"),
+    ("gpt-4o", "gpt-4o-mini"),
+    ("gpt-5*", "gpt-4o-mini"),
+]
+
+
+def caps(model: str) -> ModelCaps:
+    for pattern, c in CAPABILITIES:
+        if fnmatch.fnmatchcase(model, pattern):
+            return c
+    return UNKNOWN
+
+
+def effective_model(model: str, today: str) -> str:
+    """The model to call: a retired model is replaced by its successor."""
+    c = caps(model)
+    if c.retired_on and today >= c.retired_on and c.successor:
+        return c.successor
+    return model
+
+
+def route_consolidation_model(main_model: str) -> str:
+    """Routed consolidation model; gemini's ``*`` keeps the version; unknown -> itself."""
+    for pattern, target in ROUTES:
+        if fnmatch.fnmatchcase(main_model, pattern):
+            if "*" in target:
+                # gemini-2.5-pro -> gemini-2.5-flash-lite: carry the wildcard part over
+                middle = main_model[len("gemini-"):].rsplit("-", 1)[0]
+                return target.replace("*", middle)
+            return target
+    return main_model

@@ -1,0 +1,12 @@
+"""Versioned schema. ``MIGRATIONS[i]`` upgrades a database from version i to i+1.
+
+Version 1 is the concatenation of each layer's DDL (one module per layer, so a
+layer's tables live beside nothing else's). Later versions are appended as
+ALTER/CREATE scripts and never edited once released.
+"""
+
+from memory.schema import core, sessions, working, facts, procedures, profile, episodic
+
+V1 = "\n".join(m.V1 for m in (core, sessions, working, facts, procedures, profile, episodic))
+
+MIGRATIONS: list[str] = [V1]
