@@ -23,16 +23,24 @@ def normalise(text: str) -> str:
     return _STRIP.sub("", text)
 
 
+def norm_bigrams(norm: str) -> set[str]:
+    """Bigrams of an already normalised text (a one-character text is its own gram)."""
+    if len(norm) < 2:
+        return {norm} if norm else set()
+    return {norm[i : i + 2] for i in range(len(norm) - 1)}
+
+
 def bigrams(text: str) -> set[str]:
-    n = normalise(text)
-    if len(n) < 2:
-        return {n} if n else set()
-    return {n[i : i + 2] for i in range(len(n) - 1)}
+    return norm_bigrams(normalise(text))
+
+
+def dice(ga: set[str], gb: set[str]) -> float:
+    """Dice coefficient of two bigram sets; two empty sets are equal (1.0)."""
+    if not ga or not gb:
+        return 1.0 if ga == gb else 0.0
+    return 2 * len(ga & gb) / (len(ga) + len(gb))
 
 
 def similarity(a: str, b: str) -> float:
     """Dice coefficient over character bigrams of the normalised texts (0..1)."""
-    ga, gb = bigrams(a), bigrams(b)
-    if not ga or not gb:
-        return 1.0 if normalise(a) == normalise(b) else 0.0
-    return 2 * len(ga & gb) / (len(ga) + len(gb))
+    return dice(bigrams(a), bigrams(b))

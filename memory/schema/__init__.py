@@ -9,4 +9,7 @@ from memory.schema import core, sessions, working, facts, procedures, profile, e
 
 V1 = "\n".join(m.V1 for m in (core, sessions, working, facts, procedures, profile, episodic))
 
-MIGRATIONS: list[str] = [V1]
+MIGRATIONS: list[str] = [
+    V1,
+    sessions.V2,   # index for resolving short session ids by their tail
+]

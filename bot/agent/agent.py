@@ -1,0 +1,183 @@
+"""The agent: one inbound turn in, one reply out, memory read and written on the way.
+
+Order matters and is the contract with the rest of the bot:
+1. the user's message is committed (SessionStore.append_user) before the model is called;
+2. memory for this scope is gathered according to the path router;
+3. the tool loop runs under one overall deadline, streaming into the Reply;
+4. only a complete answer is stored; a failure stores nothing and ends in one apology.
+Consolidation is requested afterwards and runs off the reply path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.agent.loop import run_loop
+from bot.agent.model import ChatModel, ModelFailure
+from bot.agent.prompt import MemoryBlocks, build_system, unique_facts
+from bot.agent.router import route
+from bot.log import get_logger
+from bot.reply import Reply
+from bot.tools import TOOL_SPECS, ToolContext
+from memory.scope import Scope
+
+log = get_logger("ethan.agent")
+
+_CJK = re.compile(r"[\u3400-\u9fff\u3040-\u30ff\uac00-\ud7af]")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    scope: Scope
+    text: str
+    sender_name: str = ""
+    lark_message_id: str | None = None
+    truncated: bool = False
+
+
+@dataclass
+class Memory:
+    """The memory layers the agent uses (all share one Database)."""
+
+    db: Any
+    sessions: Any
+    working: Any
+    facts: Any
+    procedures: Any
+    profile: Any
+    episodes: Any
+    modes: Any
+    queue: Any = None          # ConsolidationQueue; None = no background consolidation
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    text: str
+    ok: bool
+    session_id: str
+    blocks: MemoryBlocks
+    failure: str = ""
+    iterations: int = 0
+    tools: tuple[dict, ...] = ()
+    usage: dict = field(default_factory=dict)
+    replayed: bool = False
+
+
+def is_chinese(text: str) -> bool:
+    return bool(_CJK.search(text))
+
+
+APOLOGIES = {
+    "zh": {
+        "spend_limit": "抱歉，我现在无法回答：模型的用量额度已用完，我已通知管理员。你的消息已保存。",
+        "default": "抱歉，我这边暂时出了点问题，没能回答。你的消息已保存，请稍后再发一次。",
+    },
+    "en": {
+        "spend_limit": "Sorry — I can't answer right now: the model's usage limit has been reached and the admins have been told. Your message is saved.",
+        "default": "Sorry — something went wrong on my side and I couldn't answer. Your message is saved; please try again in a moment.",
+    },
+}
+TRUNCATION_NOTE = {
+    "zh": "（你的消息太长，我只读了前 {n} 个字符。）",
+    "en": "(Your message was very long; I read only the first {n} characters.)",
+}
+
+
+def apology(kind: str, user_text: str) -> str:
+    lang = "zh" if is_chinese(user_text) else "en"
+    table = APOLOGIES[lang]
+    return table.get(kind, table["default"])
+
+
+class Agent:
+    def __init__(self, memory: Memory, model: ChatModel, *, deadline: float = 60.0,
+                 max_input_chars: int = 20_000) -> None:
+        self.memory = memory
+        self.model = model
+        self.deadline = deadline
+        self.max_input_chars = max_input_chars
+        self.calls = 0
+        self.failures = 0
+
+    async def gather(self, scope: Scope, text: str, *, session_id: str, mode: str) -> MemoryBlocks:
+        """Everything memory contributes to this request, per the path router."""
+        m = self.memory
+        path = route(text)
+        rules = tuple(p.rule for p in await m.procedures.for_request(scope))
+        profile = await m.profile.for_prompt(scope) if path.profile else ""
+        facts = unique_facts(await m.facts.top(scope, k=path.fact_limit))
+        episodes: tuple = ()
+        if path.episodes:
+            episodes = tuple(await m.episodes.recall(scope, text, exclude_session=session_id))
+        view = await m.working.view(session_id)
+        return MemoryBlocks(path=path.name, mode=mode, rules=rules, profile=profile, facts=facts,
+                            episodes=episodes, long_term=view.long_term, summary=view.summary,
+                            hot_turns=len(view.hot_turns))
+
+    async def respond(self, turn: Turn, reply: Reply) -> AgentResult:
+        m, scope = self.memory, turn.scope
+        started = time.monotonic()
+        deadline = started + self.deadline
+        model_name = getattr(self.model, "name", "")
+        appended = await m.sessions.append_user(
+            scope, turn.text, sender_name=turn.sender_name, model=model_name,
+            lark_message_id=turn.lark_message_id)
+        session = appended.session
+        if appended.closed is not None and m.queue is not None:
+            m.queue.request_episode(appended.closed)
+        bound = log.bind(chat_id=scope.chat_id, message_id=turn.lark_message_id or "",
+                         session_id=session.id, user_id=scope.user_id)
+
+        if appended.duplicate:
+            # Re-delivered after a crash: if the answer was already produced, send it again
+            # (same uuid, so Lark shows it once) instead of asking the model twice.
+            later = await m.sessions.messages(session.id, after_id=appended.message.id, limit=1)
+            if later and later[0].role == "assistant":
+                await reply.finish(later[0].content)
+                bound.info("agent.replayed")
+                return AgentResult(later[0].content, True, session.id, MemoryBlocks(), replayed=True)
+
+        await reply.working()
+        mode = await m.modes.get(scope.user_id, scope.conv_key)
+        blocks = await self.gather(scope, turn.text, session_id=session.id, mode=mode)
+        show = getattr(reply, "show_memory", None)   # the console's memory panel
+        if show is not None:
+            show(blocks)
+        system = build_system(blocks, today=dt.date.today().isoformat())
+        current = f"[{turn.sender_name or scope.user_id}] {turn.text}" if not scope.is_private else turn.text
+        messages = await m.working.build_context(session.id, current,
+                                                 exclude_message_id=appended.message.id)
+        ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
+                          user_text=turn.text)
+        self.calls += 1
+        try:
+            result = await run_loop(self.model, system=system, messages=messages, tools=TOOL_SPECS,
+                                    ctx=ctx, on_text=reply.stream, deadline=deadline)
+        except ModelFailure as failure:
+            self.failures += 1
+            (bound.error if failure.kind == "spend_limit" else bound.warning)(
+                "agent.model_failed", kind=failure.kind, status=failure.status,
+                detail=failure.detail[:300], elapsed_ms=int((time.monotonic() - started) * 1000))
+            text = apology(failure.kind, turn.text)
+            await reply.finish(text)
+            return AgentResult(text, False, session.id, blocks, failure=failure.kind)
+
+        text = result.text or ("（没有内容）" if is_chinese(turn.text) else "(no answer)")
+        if turn.truncated:
+            lang = "zh" if is_chinese(turn.text) else "en"
+            text += "\n\n" + TRUNCATION_NOTE[lang].format(n=self.max_input_chars)
+        await m.sessions.append_assistant(session.id, text)
+        await reply.finish(text)
+        if m.queue is not None:
+            m.queue.request(session.id)
+        tools = tuple({"name": o.name, "is_error": o.is_error, "result": o.content}
+                      for o in result.tool_outcomes)
+        bound.info("agent.replied", path=blocks.path, iterations=result.iterations,
+                   tools=[t["name"] for t in tools], chars=len(text),
+                   elapsed_ms=int((time.monotonic() - started) * 1000))
+        return AgentResult(text, True, session.id, blocks, iterations=result.iterations,
+                           tools=tools, usage=result.usage)

@@ -1,0 +1,161 @@
+"""The chat model: one AsyncAnthropic client, streamed turns, and what failures mean.
+
+The SDK's own retries are off (``max_retries=0``): the retry policy is ours, because it
+must respect the per-reply deadline and must not retry a spend-limit 429. Every failure
+becomes a ``ModelFailure`` with a kind the agent turns into one short apology.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+import anthropic
+import httpx
+
+from bot.log import get_logger
+from memory.models import caps, effective_model
+
+log = get_logger("ethan.model")
+
+OnText = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTurn:
+    content: list[dict[str, Any]]     # content blocks as dicts (text, tool_use)
+    stop_reason: str
+    model: str
+    usage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+    @property
+    def tool_uses(self) -> list[dict[str, Any]]:
+        return [b for b in self.content if b.get("type") == "tool_use"]
+
+
+class ModelFailure(Exception):
+    """kind: rate_limited | spend_limit | overloaded | server | timeout | connection | bad_request."""
+
+    def __init__(self, kind: str, detail: str = "", status: int | None = None) -> None:
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+
+
+class ChatModel(Protocol):
+    name: str
+
+    async def turn(self, *, system: list[dict], messages: list[dict], tools: list[dict],
+                   on_text: OnText | None, deadline: float) -> ModelTurn: ...
+
+
+_SPEND_HINTS = ("usage limit", "spend limit", "credit balance", "billing", "quota", "spending")
+
+
+def classify(exc: BaseException) -> ModelFailure:
+    if isinstance(exc, ModelFailure):
+        return exc
+    if isinstance(exc, anthropic.RateLimitError):
+        msg = str(exc).lower()
+        if any(h in msg for h in _SPEND_HINTS):
+            return ModelFailure("spend_limit", str(exc), 429)
+        return ModelFailure("rate_limited", str(exc), 429)
+    if isinstance(exc, anthropic.APIStatusError):
+        if exc.status_code == 529 or "overloaded" in str(exc).lower():
+            return ModelFailure("overloaded", str(exc), exc.status_code)
+        if exc.status_code >= 500:
+            return ModelFailure("server", str(exc), exc.status_code)
+        if exc.status_code == 402:
+            return ModelFailure("spend_limit", str(exc), 402)
+        return ModelFailure("bad_request", str(exc), exc.status_code)
+    if isinstance(exc, (anthropic.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
+        return ModelFailure("timeout", str(exc))
+    if isinstance(exc, anthropic.APIConnectionError):
+        return ModelFailure("connection", str(exc))
+    return ModelFailure("server", repr(exc))
+
+
+def retry_after_seconds(exc: BaseException) -> float | None:
+    resp = getattr(exc, "response", None)
+    if resp is None:
+        return None
+    for name in ("retry-after", "anthropic-ratelimit-requests-reset"):
+        v = resp.headers.get(name)
+        if v:
+            try:
+                return max(0.0, float(v))
+            except ValueError:
+                continue
+    return None
+
+
+def make_client(*, api_key: str, base_url: str | None, stall_timeout: float = 30.0) -> anthropic.AsyncAnthropic:
+    """One client for the process: pooled connections, explicit timeout, our own retries."""
+    return anthropic.AsyncAnthropic(
+        api_key=api_key or "offline",
+        base_url=base_url or None,
+        timeout=httpx.Timeout(connect=10.0, read=stall_timeout, write=30.0, pool=10.0),
+        max_retries=0,
+    )
+
+
+class AnthropicChatModel:
+    def __init__(self, client: anthropic.AsyncAnthropic, model: str, *, max_tokens: int = 2048) -> None:
+        today = dt.date.today().isoformat()
+        self.configured = model
+        self.name = effective_model(model, today)
+        if self.name != model:
+            log.warning("model.retired", configured=model, using=self.name)
+        self.client = client
+        self.max_tokens = max_tokens
+
+    async def turn(self, *, system: list[dict], messages: list[dict], tools: list[dict],
+                   on_text: OnText | None, deadline: float) -> ModelTurn:
+        """One model turn, streamed; 429s are retried (honouring retry-after) until ``deadline``."""
+        while True:
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ModelFailure("timeout", "reply deadline reached")
+                async with asyncio.timeout(remaining):
+                    return await self._stream(system, messages, tools, on_text)
+            except Exception as e:  # noqa: BLE001 — every failure is classified
+                failure = classify(e)
+                if failure.kind == "rate_limited":
+                    wait = retry_after_seconds(e)
+                    wait = 1.0 if wait is None else wait
+                    if time.monotonic() + wait < deadline - 1.0:
+                        log.info("model.retry", kind=failure.kind, wait_s=wait)
+                        await asyncio.sleep(wait)
+                        continue
+                raise failure from e
+
+    async def _stream(self, system, messages, tools, on_text) -> ModelTurn:
+        kwargs: dict[str, Any] = dict(model=self.name, max_tokens=self.max_tokens,
+                                      system=system, messages=messages)
+        if tools:
+            kwargs["tools"] = tools
+        if caps(self.name).sampling_params:
+            kwargs["temperature"] = 0.7
+        text = ""
+        async with self.client.messages.stream(**kwargs) as stream:
+            async for chunk in stream.text_stream:
+                text += chunk
+                if on_text is not None and chunk:
+                    await on_text(text)
+            final = await stream.get_final_message()
+        content = [b.model_dump(exclude_none=True, exclude={"citations"}) for b in final.content]
+        usage = {
+            "input_tokens": getattr(final.usage, "input_tokens", 0) or 0,
+            "output_tokens": getattr(final.usage, "output_tokens", 0) or 0,
+        }
+        return ModelTurn(content=content, stop_reason=final.stop_reason or "end_turn",
+                         model=final.model or self.name, usage=usage)

@@ -1,0 +1,331 @@
+"""Composition root: build stores, clients and the dispatcher; start and stop in order.
+
+Start: open the database (migrations) → memory stores → model client → HTTP server
+(health, metrics, webhook, console) → Lark identity and transport → answer what was
+acknowledged but not answered before the last stop → background loops.
+
+Stop: stop intake (long connection closed, webhook answers 503 so Lark redelivers) →
+drain in-flight replies within the deadline → cancel the rest (still pending in the
+inbox) → drain consolidation (pending work stays derivable) → close clients → close
+the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from bot.agent.agent import Agent, Memory
+from bot.agent.model import AnthropicChatModel, make_client
+from bot.commands import Commands
+from bot.config import Settings
+from bot.dispatch import Dispatcher
+from bot.handler import HandlerDeps, MessageHandler
+from bot.inbox import Inbox
+from bot.lark.intake import Intake
+from bot.lark.names import CachedNames
+from bot.lark.normalize import Inbound
+from bot.lark.routes import make_handler
+from bot.log import get_logger
+from bot.metrics import Metrics
+from bot.reply import Reply
+from memory.consolidation_queue import ConsolidationQueue
+from memory.consolidator import Consolidator
+from memory.db import Database
+from memory.episodic import EpisodeStore
+from memory.facts import FactStore
+from memory.modes import ModeStore
+from memory.procedures import ProcedureStore
+from memory.profile import ProfileStore
+from memory.sessions import SessionStore
+from memory.working import MemoryConfig, WorkingMemory
+
+log = get_logger("ethan.app")
+
+OFFLINE_PATH = "/_offline"
+
+
+@dataclass
+class ReplyRoutes:
+    """Replies for messages that did not come from Lark (the console playground)."""
+
+    waiting: dict[str, Reply]
+
+    def claim(self, message_id: str) -> Reply | None:
+        return self.waiting.pop(message_id, None)
+
+
+class EthanApp:
+    def __init__(self, settings: Settings, *, memory_config: MemoryConfig | None = None) -> None:
+        self.settings = settings
+        self.memory_config = memory_config or MemoryConfig()
+        self.metrics = Metrics()
+        self.web = web.Application(client_max_size=1024 * 1024)
+        self.web["ethan"] = self
+        self.replies = ReplyRoutes({})
+        self.db: Database | None = None
+        self.memory: Memory | None = None
+        self.agent: Agent | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.inbox: Inbox | None = None
+        self.intake: Intake | None = None
+        self.queue: ConsolidationQueue | None = None
+        self.commands: Commands | None = None
+        self.lark_api = None
+        self.sender = None
+        self.names: CachedNames | None = None
+        self.long_connection = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._background: set[asyncio.Task] = set()
+        self._bot_open_id = ""
+        self._identity = asyncio.Event()
+        self._anthropic = None
+        self._http: httpx.AsyncClient | None = None
+        self.started_at = 0.0
+        self.ready = False
+        self.closing = False
+        self.port = settings.ethan_port
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        host = self.settings.ethan_host
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        return f"http://{host}:{self.port}"
+
+    async def bot_open_id(self) -> str:
+        """The bot's own open_id; waits until bot/v3/info has answered."""
+        if not self.settings.lark_enabled:
+            return "ou_console_bot"
+        await self._identity.wait()
+        return self._bot_open_id
+
+    # -- start -----------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        self.started_at = time.time()
+        self.db = await Database(s.db_path).open()
+        sessions = SessionStore(self.db, idle_timeout=s.ethan_session_idle_hours * 3600)
+        working = WorkingMemory(self.db, sessions, self.memory_config)
+        facts, procedures = FactStore(self.db), ProcedureStore(self.db)
+        profile, episodes, modes = ProfileStore(self.db), EpisodeStore(self.db), ModeStore(self.db)
+        removed = await sessions.cleanup_empty()
+
+        await self._start_http()   # the offline model is served here, so it comes first
+        base_url = s.anthropic_base_url or None
+        if s.offline_model:
+            base_url = self.base_url + OFFLINE_PATH
+        self._anthropic = make_client(api_key=s.anthropic_api_key, base_url=base_url)
+        model = AnthropicChatModel(self._anthropic, s.ethan_model)
+        consolidator = Consolidator(self._anthropic, main_model=model.name,
+                                    override_model=s.ethan_consolidation_model or None)
+        self.queue = ConsolidationQueue(db=self.db, sessions=sessions, working=working, facts=facts,
+                                        profile=profile, episodes=episodes, modes=modes,
+                                        consolidator=consolidator)
+        self.memory = Memory(db=self.db, sessions=sessions, working=working, facts=facts,
+                             procedures=procedures, profile=profile, episodes=episodes, modes=modes,
+                             queue=self.queue)
+        sessions.add_close_listener(lambda info: None)
+        self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline)
+        self.commands = Commands(self)
+        self.inbox = Inbox(self.db)
+        deps = HandlerDeps(
+            inbox=self.inbox, agent=self.agent, commands=self.commands,
+            make_reply=self._make_reply, bot_open_id=self.bot_open_id, is_admin=s.is_admin,
+            respond_to_all=s.ethan_respond_to_all, names=None,
+            on_ignored=lambda reason: self.metrics.ignored.labels(reason=reason).inc(),
+            on_replied=self._on_replied,
+        )
+        if s.lark_enabled:
+            from bot.lark.openapi import OpenApi
+            from bot.lark.outbound import LarkSender
+
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(10.0, connect=5.0),
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=60),
+            )
+            self.lark_api = OpenApi(s.lark_app_id, s.lark_app_secret, s.lark_domain, http=self._http)
+            self.sender = LarkSender(self.lark_api)
+            self.names = deps.names = CachedNames(self.lark_api)
+        self.handler = MessageHandler(deps)
+        self.dispatcher = Dispatcher(self.handler, max_concurrency=s.ethan_max_concurrency)
+        self.intake = Intake(self.inbox, self.dispatcher,
+                             on_event=lambda status: self.metrics.events.labels(status=status).inc())
+        if s.lark_enabled:
+            self._spawn(self._resolve_identity(), "identity")
+            if s.lark_transport == "ws":
+                from bot.lark.ws import LongConnection
+
+                self.long_connection = LongConnection(app_id=s.lark_app_id, app_secret=s.lark_app_secret,
+                                                      domain=s.lark_domain, intake=self.intake)
+                self.long_connection.start(asyncio.get_running_loop())
+        await self.queue.start()
+        await self.queue.recover()
+        await self._recover_inbox()
+        self._spawn(self._housekeeping(), "housekeeping")
+        self.ready = True
+        log.info("app.ready", url=self.base_url, lark=s.lark_transport if s.lark_enabled else "off",
+                 model=model.name, offline_model=s.offline_model, removed_empty_sessions=removed)
+
+    async def _start_http(self) -> None:
+        from bot.web.health import setup_health
+        from bot.web.console import setup_console
+        from bot.offline_model import setup_offline_model
+
+        s = self.settings
+        setup_health(self.web, self)
+        if s.lark_enabled and s.lark_transport == "webhook":
+            handler = make_handler(self._intake_proxy(), encrypt_key=s.lark_encrypt_key,
+                                   verification_token=s.lark_verification_token,
+                                   on_refused=lambda r: self.metrics.refused.labels(reason=r).inc())
+            self.web.router.add_post("/lark/events", handler)
+        if s.offline_model:
+            setup_offline_model(self.web, OFFLINE_PATH)
+        setup_console(self.web, self)
+        self._runner = web.AppRunner(self.web, access_log=None, handle_signals=False,
+                                     shutdown_timeout=2.0)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, s.ethan_host, s.ethan_port, reuse_address=True)
+        await self._site.start()
+        sockets = getattr(self._site._server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+
+    def _intake_proxy(self):
+        app = self
+
+        class _Proxy:
+            async def accept(self, raw: str, body: dict):
+                if app.intake is None or app.closing:
+                    raise RuntimeError("not accepting events")  # -> 503, Lark redelivers
+                return await app.intake.accept(raw, body)
+
+        return _Proxy()
+
+    async def _resolve_identity(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                info = await self.lark_api.bot_info()
+                self._bot_open_id = info.open_id
+                self._identity.set()
+                log.info("lark.identity", bot_open_id=info.open_id, app_name=info.app_name)
+                return
+            except Exception as e:  # noqa: BLE001
+                log.warning("lark.identity_failed", error=str(e)[:200], retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 300)
+
+    async def _recover_inbox(self) -> None:
+        expired = await self.inbox.expire_stale()
+        pending = await self.inbox.pending()
+        for item in pending:
+            self.dispatcher.submit(item.conv_key, item)
+        if pending or expired:
+            log.info("inbox.recovered", answering=len(pending), too_old=expired)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(300)
+            try:
+                for info in await self.memory.sessions.close_idle():
+                    self.queue.request_episode(info)
+                await self.inbox.prune()
+            except Exception:  # noqa: BLE001
+                log.exception("housekeeping.failed")
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _on_replied(self, seconds: float) -> None:
+        self.metrics.replies.inc()
+        self.metrics.latency.observe(seconds)
+
+    def _make_reply(self, inbound: Inbound) -> Reply:
+        routed = self.replies.claim(inbound.message_id)
+        if routed is not None:
+            return routed
+        if self.sender is None:
+            from bot.reply import CollectingReply
+
+            return CollectingReply()
+        from bot.lark.outbound import LarkReply
+
+        return LarkReply(self.sender, message_id=inbound.message_id, chat_id=inbound.chat_id,
+                         in_thread=inbound.in_thread, uuid_base=f"r-{inbound.message_id}")
+
+    # -- stop ------------------------------------------------------------------------
+    async def stop(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.ready = False
+        deadline = self.settings.ethan_shutdown_deadline
+        t0 = time.monotonic()
+        log.info("app.stopping", deadline_s=deadline)
+        if self.long_connection is not None:
+            await asyncio.to_thread(self.long_connection.stop)
+        cancelled = 0
+        if self.dispatcher is not None:
+            cancelled = await self.dispatcher.stop(deadline)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self.queue is not None:
+            remaining = max(1.0, deadline - (time.monotonic() - t0))
+            await self.queue.drain(remaining)
+        if self.memory is not None:
+            with contextlib.suppress(Exception):
+                await self.memory.sessions.cleanup_empty()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.lark_api is not None:
+            await self.lark_api.aclose()
+        if self._http is not None:
+            await self._http.aclose()
+        if self._anthropic is not None:
+            await self._anthropic.close()
+        if self.db is not None:
+            await self.db.close()
+        log.info("app.stopped", cancelled_conversations=cancelled,
+                 elapsed_ms=int((time.monotonic() - t0) * 1000))
+
+    async def __aenter__(self) -> "EthanApp":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT, then stop in order."""
+    import signal
+
+    app = EthanApp(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    s = settings
+    if not s.lark_enabled:
+        log.info("app.console_only", url=app.base_url + "/",
+                 note="no LARK_APP_ID/LARK_APP_SECRET: Lark transport off, console only")
+    if s.offline_model:
+        log.info("app.offline_model", note="no ANTHROPIC_API_KEY: using the built-in offline model")
+    try:
+        await stop.wait()
+    finally:
+        await app.stop()

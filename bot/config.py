@@ -1,0 +1,192 @@
+"""Settings: the only place environment variables are read.
+
+Sources, highest priority first: the environment, then `.env` in the working
+directory, then `$ETHAN_HOME/config.yaml` (the spec's global config file; keys
+are the same names, upper or lower case). A bad value stops start-up with one
+line naming the variable (``ConfigError``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.exceptions import SettingsError
+
+DEFAULT_MODEL = "claude-sonnet-4-6"
+
+
+class ConfigError(ValueError):
+    """One clear line about a bad setting."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", case_sensitive=False,
+        populate_by_name=True,
+    )
+
+    # Lark / Feishu
+    lark_app_id: str = ""
+    lark_app_secret: str = ""
+    lark_verification_token: str = ""
+    lark_encrypt_key: str = ""
+    lark_domain: str = "https://open.feishu.cn"
+    lark_transport: Literal["ws", "webhook"] = "ws"
+
+    # Claude
+    anthropic_api_key: str = ""
+    anthropic_base_url: str = ""
+    ethan_model: str = DEFAULT_MODEL
+    ethan_consolidation_model: str = ""
+
+    # Ethan
+    ethan_home: Path = Field(default_factory=lambda: Path.home() / ".ethan")
+    ethan_admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    ethan_respond_to_all: bool = False
+    ethan_host: str = "127.0.0.1"
+    ethan_port: int = Field(default=8080, ge=0, le=65535)     # 0 = any free port (tests)
+    ethan_console_token: str = ""
+
+    # Tuning (documented in .env.example; defaults are what a new user wants)
+    ethan_reply_deadline: float = Field(default=60.0, gt=0)      # overall deadline per reply (s)
+    ethan_session_idle_hours: float = Field(default=6.0, gt=0)
+    ethan_shutdown_deadline: float = Field(default=20.0, gt=0)
+    ethan_max_concurrency: int = Field(default=64, ge=1)          # conversations handled at once
+    ethan_local_user: str = "ou_local"                           # `ethan chat` user id
+    ethan_log_level: str = "info"
+
+    @field_validator("ethan_admins", mode="before")
+    @classmethod
+    def _admins(cls, v: Any) -> list[str]:
+        if v is None or v == "":
+            return []
+        if isinstance(v, str):
+            items = [s.strip() for s in v.split(",")]
+        elif isinstance(v, (list, tuple)):
+            items = [str(s).strip() for s in v]
+        else:
+            raise ValueError("expected a comma-separated list of open_ids")
+        items = [s for s in items if s]
+        for s in items:
+            if not s.startswith("ou_") or not s[3:].replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"{s!r} is not an open_id (ou_…); separate open_ids with commas")
+        return items
+
+    @field_validator("lark_domain", "anthropic_base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v
+
+    @field_validator("ethan_home", mode="before")
+    @classmethod
+    def _home(cls, v: Any) -> Any:
+        return Path(os.path.expanduser(str(v))) if v else v
+
+    @model_validator(mode="after")
+    def _console_token(self) -> "Settings":
+        if not self.host_is_loopback and not self.ethan_console_token:
+            raise ValueError(
+                "ETHAN_CONSOLE_TOKEN is required when ETHAN_HOST is not a loopback address"
+            )
+        return self
+
+    # -- derived -----------------------------------------------------------------
+    @property
+    def host_is_loopback(self) -> bool:
+        if self.ethan_host in ("localhost",):
+            return True
+        try:
+            return ipaddress.ip_address(self.ethan_host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def lark_enabled(self) -> bool:
+        return bool(self.lark_app_id and self.lark_app_secret)
+
+    @property
+    def offline_model(self) -> bool:
+        return not self.anthropic_api_key
+
+    @property
+    def db_path(self) -> Path:
+        return self.ethan_home / "ethan.db"
+
+    def is_admin(self, open_id: str) -> bool:
+        return open_id in self.ethan_admins
+
+    def redacted(self) -> dict[str, Any]:
+        """For logs: secrets replaced by whether they are set."""
+        out = self.model_dump()
+        for k in ("lark_app_secret", "lark_verification_token", "lark_encrypt_key",
+                  "anthropic_api_key", "ethan_console_token"):
+            out[k] = "set" if out[k] else ""
+        out["ethan_home"] = str(out["ethan_home"])
+        return out
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, dotenv_settings, _YamlSource(settings_cls, env_settings, dotenv_settings))
+
+
+class _YamlSource(InitSettingsSource):
+    """$ETHAN_HOME/config.yaml, where ETHAN_HOME itself comes from env/.env/default."""
+
+    def __init__(self, settings_cls, env_settings, dotenv_settings) -> None:
+        home = None
+        for src in (env_settings, dotenv_settings):
+            try:
+                home = src().get("ethan_home") or home
+            except Exception:
+                pass
+            if home:
+                break
+        home = Path(os.path.expanduser(str(home))) if home else Path.home() / ".ethan"
+        data: dict[str, Any] = {}
+        path = home / "config.yaml"
+        if path.is_file():
+            try:
+                loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: not valid YAML ({e.__class__.__name__})") from None
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"{path}: expected a mapping of SETTING: value")
+            data = {str(k).lower(): v for k, v in loaded.items()}
+        super().__init__(settings_cls, data)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build Settings or raise ConfigError with one line naming the variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = err.get("loc") or ()
+        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        if loc:
+            raise ConfigError(f"{str(loc[0]).upper()}: {msg}") from None
+        raise ConfigError(msg) from None
+    except SettingsError as e:
+        raise ConfigError(str(e).split(" from source")[0]) from None

@@ -1,0 +1,76 @@
+"""Card JSON for answers streamed into a CardKit card.
+
+A streaming answer is a card entity (JSON 2.0, ``streaming_mode: true``) with one
+markdown element; the bot pushes the full text so far to that element (CardKit
+renders the new suffix with a typewriter effect), then turns streaming mode off,
+setting the chat-list preview (``summary``) to the start of the answer.
+
+Limits we design for (Open Platform docs, "streaming updates" and CardKit API
+pages): at most 10 operations per second on one card entity; every update carries
+a strictly increasing ``sequence``; streaming mode closes by itself after ~10
+minutes; a card's JSON must stay under ~30 KB, so the streamed element is capped
+(``CARD_TEXT_MAX_BYTES``) and anything beyond goes out as follow-up messages.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ELEMENT_ID = "answer"
+STREAMING_SUMMARY = "…"
+PLACEHOLDER = "…"
+SUMMARY_CHARS = 60
+# Card JSON must stay under ~30 KB; leave room for the envelope.
+CARD_TEXT_MAX_BYTES = 24_000
+
+
+def streaming_card(text: str, *, element_id: str = ELEMENT_ID) -> dict[str, Any]:
+    """A JSON 2.0 card in streaming mode with one markdown element holding ``text``."""
+    return {
+        "schema": "2.0",
+        "config": {
+            "streaming_mode": True,
+            "update_multi": True,  # required by the streaming APIs (no per-user cards)
+            "summary": {"content": STREAMING_SUMMARY},
+            "streaming_config": {
+                "print_frequency_ms": {"default": 30},
+                "print_step": {"default": 2},
+                "print_strategy": "fast",
+            },
+        },
+        "body": {
+            "elements": [
+                {"tag": "markdown", "element_id": element_id, "content": text or PLACEHOLDER},
+            ]
+        },
+    }
+
+
+def summary_of(text: str, limit: int = SUMMARY_CHARS) -> str:
+    """A one-line preview of ``text`` for the chat list."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def close_streaming_settings(final_text: str) -> dict[str, Any]:
+    """``settings`` for ``PATCH …/cards/:card_id/settings`` ending streaming mode."""
+    return {"config": {"streaming_mode": False, "summary": {"content": summary_of(final_text) or PLACEHOLDER}}}
+
+
+def card_reference(card_id: str) -> dict[str, Any]:
+    """Message content (msg_type ``interactive``) that shows the card entity ``card_id``."""
+    return {"type": "card", "data": {"card_id": card_id}}
+
+
+def card_entity_body(card: dict[str, Any]) -> dict[str, str]:
+    """The ``{type, data}`` pair CardKit takes for a card JSON (create and full update)."""
+    return {"type": "card_json", "data": json.dumps(card, ensure_ascii=False)}
+
+
+def fit_card_text(text: str, max_bytes: int = CARD_TEXT_MAX_BYTES) -> str:
+    """The longest prefix of ``text`` under ``max_bytes`` UTF-8 bytes (no broken characters)."""
+    raw = text.encode("utf-8")
+    if len(raw) <= max_bytes:
+        return text
+    return raw[:max_bytes].decode("utf-8", errors="ignore")

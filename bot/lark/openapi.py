@@ -1,0 +1,376 @@
+"""The Lark Open API over one long-lived ``httpx.AsyncClient``.
+
+Why not ``lark_oapi.Client``: its async transport opens a new ``httpx.AsyncClient``
+(a new TLS context) for every call — DESIGN §5 measured 80 % of a reply's CPU
+there — and its token manager fetches tokens with blocking ``requests`` calls on
+the event loop. Here one pooled client carries every call (connection reuse, one
+TLS context), and the tenant access token is fetched asynchronously, once for any
+number of concurrent callers, and cached until ~5 minutes before it expires.
+
+Request bodies follow the shapes of lark-oapi's generated models
+(``ReplyMessageRequestBody``, ``ContentCardElementRequestBody``, …) as plain dicts;
+tests check the field names against those models.
+
+Errors become ``LarkApiError`` with the Lark code, HTTP status, the ``x-tt-logid``
+log id and any server-given retry delay, plus a ``category`` from one table
+(``CODE_CATEGORIES``) that callers turn into a retry decision (``DECISIONS``).
+Secrets and tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Mapping
+
+import httpx
+import structlog
+
+TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+BOT_INFO_PATH = "/open-apis/bot/v3/info"
+
+LOG_ID_HEADER = "x-tt-logid"
+RATELIMIT_RESET_HEADER = "x-ogw-ratelimit-reset"
+
+
+class Category(str, Enum):
+    """What a failed Open API call means for the caller."""
+
+    RATE_LIMITED = "rate_limited"  # wait (server hint or backoff), resend with the same uuid
+    TRANSIENT = "transient"        # network, 5xx, Open API down: backoff, same uuid
+    TOKEN = "token"                # access token invalid/expired: refresh once, retry once
+    GONE = "gone"                  # reply target recalled/deleted: send fresh to the chat
+    PERMISSION = "permission"      # scopes, bot not in chat, user blocked the bot: give up
+    BAD_REQUEST = "bad_request"    # our request is wrong (content, size, ids): give up
+    UNKNOWN = "unknown"            # unlisted code: give up (retrying blind could double)
+
+
+@dataclass(frozen=True)
+class Decision:
+    retry: bool                 # resend the same request (same uuid) after a delay
+    honour_retry_after: bool    # wait what the server said (x-ogw-ratelimit-reset / Retry-After)
+    refresh_token: bool         # done inside OpenApi.request: refresh once, retry once
+    fresh_send: bool            # a reply whose target is gone becomes a new message in the chat
+
+
+DECISIONS: dict[Category, Decision] = {
+    Category.RATE_LIMITED: Decision(retry=True, honour_retry_after=True, refresh_token=False, fresh_send=False),
+    Category.TRANSIENT: Decision(retry=True, honour_retry_after=True, refresh_token=False, fresh_send=False),
+    # OpenApi.request already refreshed and retried once; a second rejection is not transient.
+    Category.TOKEN: Decision(retry=False, honour_retry_after=False, refresh_token=True, fresh_send=False),
+    Category.GONE: Decision(retry=False, honour_retry_after=False, refresh_token=False, fresh_send=True),
+    Category.PERMISSION: Decision(retry=False, honour_retry_after=False, refresh_token=False, fresh_send=False),
+    Category.BAD_REQUEST: Decision(retry=False, honour_retry_after=False, refresh_token=False, fresh_send=False),
+    Category.UNKNOWN: Decision(retry=False, honour_retry_after=False, refresh_token=False, fresh_send=False),
+}
+
+# Lark business codes. Sources: the Open Platform's error-code pages for
+# im/v1/message create/reply, message reactions, the auth endpoints and the
+# rate-limit page; lark_oapi/channel/errors.py (whose classification of
+# 99991400 and 230020 we deliberately override, DESIGN §5).
+CODE_CATEGORIES: dict[int, Category] = {
+    # --- rate limits -----------------------------------------------------------------
+    99991400: Category.RATE_LIMITED,  # "request trigger frequency limit" (+ x-ogw-ratelimit-reset)
+    99991402: Category.RATE_LIMITED,  # listed as backpressure by lark-oapi
+    230020: Category.RATE_LIMITED,    # "This operation triggers the frequency limit" (5 QPS per chat)
+    11020: Category.RATE_LIMITED,     # older "too many requests" codes (lark-oapi)
+    11021: Category.RATE_LIMITED,
+    # --- access token ----------------------------------------------------------------
+    99991661: Category.TOKEN,         # missing / malformed access token
+    99991663: Category.TOKEN,         # tenant access token invalid or expired
+    99991664: Category.TOKEN,         # app access token invalid
+    99991665: Category.TOKEN,
+    99991668: Category.TOKEN,         # access token invalid / expired
+    99991671: Category.TOKEN,         # token format error
+    # --- transient server side ---------------------------------------------------------
+    2200: Category.TRANSIENT,         # "Internal Error" (im/v1)
+    # --- the message we reply to is gone ------------------------------------------------
+    230011: Category.GONE,            # the message was recalled
+    231003: Category.GONE,            # the message was not found (deleted)
+    230019: Category.GONE,            # the topic (thread) does not exist
+    # --- permission / configuration ----------------------------------------------------
+    99991401: Category.PERMISSION,    # IP denied by the tenant's allow list
+    99991672: Category.PERMISSION,    # app lacks the API scope
+    99991679: Category.PERMISSION,
+    99991680: Category.PERMISSION,
+    99991681: Category.PERMISSION,
+    10003: Category.PERMISSION,       # token endpoint: invalid app_id / params
+    10014: Category.PERMISSION,       # token endpoint: app secret invalid
+    230002: Category.PERMISSION,      # the bot is not in the group
+    230006: Category.PERMISSION,      # bot ability not activated
+    230013: Category.PERMISSION,      # the user is outside the bot's availability
+    230027: Category.PERMISSION,      # lack of necessary permissions
+    230035: Category.PERMISSION,      # sending messages is not allowed here
+    230053: Category.PERMISSION,      # the user stopped the bot from sending messages
+    # --- our request is wrong ------------------------------------------------------------
+    230001: Category.BAD_REQUEST,     # invalid request parameter (content shape, ids)
+    230025: Category.BAD_REQUEST,     # message content too long
+    230099: Category.BAD_REQUEST,     # failed to create card content
+    9499: Category.BAD_REQUEST,       # bad request (generic)
+    99992402: Category.BAD_REQUEST,   # field validation failed
+}
+
+# Codes that say "no Lark code at all" (network failure, non-JSON body).
+NO_CODE = -1
+
+
+def classify(code: int, http_status: int | None) -> Category:
+    """Map a Lark code and HTTP status to a ``Category``; the code wins when known."""
+    if code in CODE_CATEGORIES:
+        return CODE_CATEGORIES[code]
+    if http_status == 429:
+        return Category.RATE_LIMITED
+    if code == NO_CODE and http_status is None:
+        return Category.TRANSIENT  # network error, timeout, connection refused
+    if http_status is not None and http_status >= 500:
+        return Category.TRANSIENT
+    if http_status in (408, 502, 503, 504):
+        return Category.TRANSIENT
+    if http_status in (401,):
+        return Category.TOKEN
+    if http_status in (403,):
+        return Category.PERMISSION
+    if http_status == 400 and code == NO_CODE:
+        return Category.BAD_REQUEST
+    return Category.UNKNOWN
+
+
+class LarkApiError(Exception):
+    """A failed Open API call: Lark code, HTTP status, log id, retry hint, path."""
+
+    def __init__(
+        self,
+        code: int,
+        msg: str = "",
+        *,
+        http_status: int | None = None,
+        log_id: str | None = None,
+        retry_after_s: float | None = None,
+        path: str = "",
+    ) -> None:
+        self.code = int(code)
+        self.msg = msg
+        self.http_status = http_status
+        self.log_id = log_id
+        self.retry_after_s = retry_after_s
+        self.path = path
+        self.category = classify(self.code, http_status)
+        super().__init__(
+            f"Lark API {path or '?'} failed: code={self.code} http={http_status} "
+            f"category={self.category.value} log_id={log_id} msg={msg}"
+        )
+
+    @property
+    def decision(self) -> Decision:
+        return DECISIONS[self.category]
+
+    @property
+    def transient(self) -> bool:
+        return self.category in (Category.TRANSIENT, Category.RATE_LIMITED)
+
+    def log_fields(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "http_status": self.http_status,
+            "category": self.category.value,
+            "log_id": self.log_id,
+            "path": self.path,
+            "msg": self.msg[:200],
+        }
+
+
+@dataclass(frozen=True)
+class BotInfo:
+    open_id: str
+    app_name: str
+
+
+def _retry_after(headers: Mapping[str, str], now: Callable[[], float] = time.time) -> float | None:
+    """Seconds to wait from ``x-ogw-ratelimit-reset`` or ``Retry-After`` (seconds or HTTP date)."""
+    for name in (RATELIMIT_RESET_HEADER, "retry-after"):
+        raw = headers.get(name)
+        if raw is None or not str(raw).strip():
+            continue
+        raw = str(raw).strip()
+        try:
+            return max(0.0, float(raw))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            continue
+        if when is not None:
+            return max(0.0, when.timestamp() - now())
+    return None
+
+
+class OpenApi:
+    """Tenant-token authenticated JSON calls to the Lark Open API."""
+
+    def __init__(
+        self,
+        app_id: str,
+        app_secret: str,
+        domain: str = "https://open.feishu.cn",
+        *,
+        http: httpx.AsyncClient | None = None,
+        timeout: float = 10.0,
+        token_margin_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        log=None,
+    ) -> None:
+        self._app_id = app_id
+        self._app_secret = app_secret
+        self.domain = domain.rstrip("/")
+        self._own_http = http is None
+        self._http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=60.0),
+            headers={"User-Agent": "ethan-lark-bot"},
+        )
+        self._timeout = timeout
+        self._token_margin_s = token_margin_s
+        self._clock = clock
+        self._log = log or structlog.get_logger("ethan.lark")
+        self._token: str | None = None
+        self._token_expires = 0.0
+        self._token_lock = asyncio.Lock()
+        self.token_fetches = 0  # observable for tests and metrics
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> "OpenApi":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    # ---- token ---------------------------------------------------------------------------
+    async def tenant_token(self, *, force: bool = False, rejected: str | None = None) -> str:
+        """The cached tenant access token; one fetch serves all concurrent callers.
+
+        ``force`` with ``rejected`` (the token the server refused) refreshes unless
+        another caller already replaced that token meanwhile.
+        """
+        if not force and self._token and self._clock() < self._token_expires:
+            return self._token
+        async with self._token_lock:
+            fresh = self._token is not None and self._clock() < self._token_expires
+            if fresh and (not force or self._token != rejected):
+                return self._token  # type: ignore[return-value]
+            return await self._fetch_token()
+
+    def invalidate_token(self) -> None:
+        self._token = None
+        self._token_expires = 0.0
+
+    async def _fetch_token(self) -> str:
+        self.token_fetches += 1
+        body = await self._send(
+            "POST", TOKEN_PATH, json={"app_id": self._app_id, "app_secret": self._app_secret}, token=None
+        )
+        token = body.get("tenant_access_token")
+        if not token:
+            raise LarkApiError(NO_CODE, "token response without tenant_access_token", http_status=200, path=TOKEN_PATH)
+        expire = float(body.get("expire") or 0)
+        # Refresh ~5 minutes early; for very short lifetimes (tests) refresh at half-life.
+        ttl = expire - self._token_margin_s if expire > 2 * self._token_margin_s else expire / 2
+        self._token = str(token)
+        self._token_expires = self._clock() + max(ttl, 0.0)
+        self._log.debug("lark.token.fetched", expires_in_s=expire)
+        return self._token
+
+    # ---- requests ------------------------------------------------------------------------
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> dict:
+        """Call ``path``; return the body's ``data`` (or the whole body when it has none).
+
+        Raises ``LarkApiError``. A rejected token is refreshed once and the call
+        retried once; every other failure is the caller's to decide.
+        """
+        token = await self.tenant_token()
+        try:
+            body = await self._send(method, path, json=json, params=params, token=token)
+        except LarkApiError as e:
+            if e.category is not Category.TOKEN:
+                raise
+            self._log.info("lark.token.rejected", code=e.code, path=path, log_id=e.log_id)
+            token = await self.tenant_token(force=True, rejected=token)
+            body = await self._send(method, path, json=json, params=params, token=token)
+        data = body.get("data")
+        return data if isinstance(data, dict) else body
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        token: str | None,
+    ) -> dict:
+        headers = {"Content-Type": "application/json; charset=utf-8"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            resp = await self._http.request(
+                method, self.domain + path, json=json, params=params, headers=headers
+            )
+        except httpx.HTTPError as e:  # timeouts, refused connections, protocol errors
+            raise LarkApiError(NO_CODE, f"{type(e).__name__}: {e}", path=path) from e
+        log_id = resp.headers.get(LOG_ID_HEADER)
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise LarkApiError(
+                NO_CODE,
+                f"non-JSON response ({resp.headers.get('content-type', '?')})",
+                http_status=resp.status_code,
+                log_id=log_id,
+                retry_after_s=_retry_after(resp.headers),
+                path=path,
+            )
+        code = body.get("code", NO_CODE if resp.status_code >= 400 else 0)
+        try:
+            code = int(code)
+        except (TypeError, ValueError):
+            code = NO_CODE
+        if code != 0 or resp.status_code >= 400:
+            err = body.get("error") if isinstance(body.get("error"), dict) else {}
+            raise LarkApiError(
+                code,
+                str(body.get("msg") or ""),
+                http_status=resp.status_code,
+                log_id=log_id or err.get("log_id"),
+                retry_after_s=_retry_after(resp.headers),
+                path=path,
+            )
+        return body
+
+    # ---- helpers -------------------------------------------------------------------------
+    async def bot_info(self) -> BotInfo:
+        """The bot's own identity (``GET /open-apis/bot/v3/info``)."""
+        body = await self.request("GET", BOT_INFO_PATH)
+        bot = body.get("bot") if isinstance(body.get("bot"), dict) else body
+        open_id = str(bot.get("open_id") or "")
+        if not open_id:
+            raise LarkApiError(NO_CODE, "bot info without open_id", http_status=200, path=BOT_INFO_PATH)
+        return BotInfo(open_id=open_id, app_name=str(bot.get("app_name") or ""))

@@ -1,0 +1,71 @@
+"""POST /lark/events: verify, store, then acknowledge (DESIGN.md §5).
+
+Refused requests get 401 with an empty body and malformed ones 400 — never 500, which
+Lark retries. Bodies over 1 MiB are refused with 413 before they are read in full.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from bot.lark import webhook
+from bot.lark.intake import Intake
+from bot.log import get_logger
+
+log = get_logger("ethan.webhook")
+
+MAX_BODY = 1024 * 1024
+
+
+def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
+                 on_refused=lambda reason: None):
+    async def lark_events(request: web.Request) -> web.Response:
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            on_refused("too large")
+            return web.Response(status=413)
+        try:
+            body = await _read_limited(request)
+        except _TooLarge:
+            on_refused("too large")
+            return web.Response(status=413)
+        try:
+            verified = webhook.verify(request.headers, body, encrypt_key=encrypt_key,
+                                      verification_token=verification_token)
+        except webhook.Refused as e:
+            log.warning("webhook.refused", reason=str(e), remote=request.remote)
+            on_refused("refused")
+            return web.Response(status=401)
+        except webhook.Malformed as e:
+            log.warning("webhook.malformed", reason=str(e), remote=request.remote)
+            on_refused("malformed")
+            return web.Response(status=400)
+        if verified.kind == "challenge":
+            return web.json_response({"challenge": verified.body["challenge"]})
+        try:
+            result = await intake.accept(verified.raw, verified.body)
+        except Exception:
+            # The event is not stored: a 503 tells Lark to deliver it again later.
+            log.exception("webhook.store_failed")
+            return web.Response(status=503)
+        return web.json_response({"code": 0, "msg": result.status})
+
+    return lark_events
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_limited(request: web.Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _TooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+__all__ = ["make_handler", "MAX_BODY", "json"]

@@ -1,0 +1,55 @@
+"""Structured logging: JSON lines when not on a TTY, readable console otherwise.
+
+Every line about an event carries chat_id and the event/message id (bound by the
+caller). A processor scrubs anything that looks like a secret, so a token that
+slips into a log call never reaches the output.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+
+import structlog
+
+_SECRET_KEYS = re.compile(r"(secret|token|password|api_key|encrypt_key|authorization)", re.I)
+_SECRET_VALUES = re.compile(r"(sk-ant-[\w-]{6,}|sk-[\w-]{16,}|t-[0-9a-f]{32,}|Bearer\s+\S+)")
+
+
+def _scrub(_, __, event_dict: dict) -> dict:
+    for k, v in list(event_dict.items()):
+        if _SECRET_KEYS.search(k) and k not in ("event",) and v not in (None, "", False):
+            event_dict[k] = "[redacted]"
+        elif isinstance(v, str):
+            event_dict[k] = _SECRET_VALUES.sub("[redacted]", v)
+    return event_dict
+
+
+def configure_logging(level: str = "info", *, json: bool | None = None, stream=None) -> None:
+    stream = stream or sys.stderr
+    if json is None:
+        json = not stream.isatty()
+    lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    processors = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _scrub,
+        structlog.processors.format_exc_info if json else structlog.dev.set_exc_info,
+        structlog.processors.JSONRenderer(ensure_ascii=False) if json else structlog.dev.ConsoleRenderer(),
+    ]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+    # Libraries log through stdlib logging; keep them quiet unless something is wrong.
+    logging.basicConfig(level=logging.WARNING, stream=stream)
+    for noisy in ("Lark", "httpx", "anthropic", "jieba", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def get_logger(name: str = "ethan"):
+    return structlog.get_logger(name)

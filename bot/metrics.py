@@ -1,0 +1,30 @@
+"""Prometheus metrics (GET /metrics), one registry per app so tests can run several."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.events = Counter("ethan_events_received_total", "Lark events received, by outcome",
+                              ["status"], registry=r)
+        self.refused = Counter("ethan_webhook_refused_total", "Webhook requests refused", ["reason"],
+                               registry=r)
+        self.ignored = Counter("ethan_events_ignored_total", "Accepted events not answered", ["reason"],
+                               registry=r)
+        self.replies = Counter("ethan_replies_sent_total", "Replies handed to the transport", registry=r)
+        self.model_calls = Counter("ethan_model_calls_total", "Chat model requests", registry=r)
+        self.model_failures = Counter("ethan_model_failures_total", "Chat model failures", ["kind"],
+                                      registry=r)
+        self.queue_depth = Gauge("ethan_consolidation_queue_depth", "Consolidation jobs waiting",
+                                 registry=r)
+        self.conversations = Gauge("ethan_active_conversations", "Conversations with queued work",
+                                   registry=r)
+        self.latency = Histogram("ethan_reply_latency_seconds", "Time from handling start to reply",
+                                 buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120), registry=r)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

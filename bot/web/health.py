@@ -1,0 +1,47 @@
+"""GET /healthz (readiness, JSON) and GET /metrics (Prometheus text)."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+
+def setup_health(web_app: web.Application, ethan) -> None:
+    async def healthz(request: web.Request) -> web.Response:
+        s = ethan.settings
+        db_ok = ethan.db is not None and ethan.db.is_open
+        if not s.lark_enabled:
+            transport = {"kind": "none", "ready": True}
+        elif s.lark_transport == "webhook":
+            transport = {"kind": "webhook", "ready": ethan.intake is not None}
+        else:
+            lc = ethan.long_connection
+            transport = {"kind": "ws", "ready": bool(lc and lc.is_connected)}
+        identity = (not s.lark_enabled) or ethan._identity.is_set()
+        ready = bool(ethan.ready and db_ok and transport["ready"])
+        body = {
+            "status": "ok" if ready else "starting" if not ethan.closing else "stopping",
+            "ready": ready,
+            "database": "open" if db_ok else "closed",
+            "transport": transport,
+            "bot_identity": identity,
+            "model": getattr(ethan.agent.model, "name", "") if ethan.agent else "",
+            "offline_model": s.offline_model,
+            "consolidation_queue": ethan.queue.depth if ethan.queue else 0,
+            "uptime_s": round(time.time() - ethan.started_at, 1) if ethan.started_at else 0,
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def metrics(request: web.Request) -> web.Response:
+        if ethan.queue is not None:
+            ethan.metrics.queue_depth.set(ethan.queue.depth)
+        if ethan.dispatcher is not None:
+            ethan.metrics.conversations.set(ethan.dispatcher.conversations)
+        if ethan.agent is not None:
+            ethan.metrics.model_calls._value.set(ethan.agent.calls)
+        body, ctype = ethan.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": ctype})
+
+    web_app.router.add_get("/healthz", healthz)
+    web_app.router.add_get("/metrics", metrics)

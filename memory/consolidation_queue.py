@@ -1,0 +1,390 @@
+"""Background consolidation: a bounded worker pool beside the reply path, never on it.
+
+``request(session_id)`` is synchronous and never blocks: it enqueues the session
+unless it is already queued; a request for a session being worked on re-runs it once
+afterwards (coalescing: at most one job per session in flight). A job derives what is
+due from the database (``WorkingMemory.due``) and does it step by step:
+
+- **compress**: the oldest ``compress_batch`` uncompressed turns -> one warm row
+  (model call first, then one transaction: warm row + ``compressed_upto`` + ``warm_turns``);
+- **extract** (warm absorbed ``warm_capacity`` turns): per speaking user, facts (and
+  ``profile_psych`` when that user's mode is companion) from that user's own lines,
+  then the warm rows fold into the rolling summary. All model calls first; then one
+  transaction records the results as ``consolidation_writes`` rows together with
+  ``extracted_upto``, the fold and ``warm_turns = 0``; then each row is applied
+  (FactStore.add / ProfileStore.apply_extraction) and deleted.
+- **episode** (session closed, messages after ``episode_upto``): first the remaining
+  unextracted turns get their fact extraction (so a short session's facts are not
+  lost — it never reached ``warm_capacity``), then one summary
+  (``Consolidator.summarize_episode`` over rolling summary + warm + the latest turns)
+  is written as one episode per participating user with >= 2 user turns, then
+  ``episode_upto`` is set (also when no episode was due).
+
+A model failure happens before any write, so nothing is half-written; the session's
+``failures``/``next_attempt_at`` get exponential backoff and a timer re-requests it.
+After a crash or restart ``recover()`` re-derives everything from the database:
+a committed step is never repeated (optimistic checks on ``compressed_upto`` /
+``extracted_upto``), an uncommitted one is redone. The only repeat possible is a
+pending write applied just before a crash and not yet deleted: it is applied again,
+which FactStore turns into a reinforcement, not a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from memory.consolidator import Consolidator
+from memory.modes import COMPANION
+from memory.scope import Scope
+from memory.working import StaleWork, Turn, WorkingMemory, Work
+
+MIN_EPISODE_TURNS = 2
+EPISODE_RECENT_TURNS = 20       # latest turns given verbatim to the episode summary
+MIN_FACT_IMPORTANCE = 0.3       # below this a fact would never be injected: not kept
+MAX_FACT_CONFIDENCE = 0.95
+
+
+class ConsolidationQueue:
+    def __init__(
+        self,
+        *,
+        db: Any,
+        sessions: Any,
+        working: WorkingMemory,
+        facts: Any,
+        profile: Any,
+        episodes: Any,
+        modes: Any,
+        consolidator: Consolidator,
+        workers: int = 2,
+        log: Any = None,
+        backoff_base: float = 30.0,
+        backoff_max: float = 3600.0,
+        max_steps: int = 50,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.sessions = sessions
+        self.working = working
+        self.facts = facts
+        self.profile = profile
+        self.episodes = episodes
+        self.modes = modes
+        self.consolidator = consolidator
+        self.workers = max(1, int(workers))
+        self.log = log if log is not None else logging.getLogger("ethan.consolidation")
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_steps = max_steps
+        self.clock = clock
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._running: set[str] = set()
+        self._rerun: set[str] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
+        self._counts: dict[str, int] = defaultdict(int)
+
+    # -- the reply path's side: sync, non-blocking ---------------------------------------
+    def request(self, session_id: str) -> None:
+        """Ask for whatever consolidation is due for the session (coalescing)."""
+        if self._stopped or not session_id:
+            return
+        self._counts["requests"] += 1
+        if session_id in self._running:
+            self._rerun.add(session_id)
+            return
+        if session_id in self._queued:
+            return
+        self._queued.add(session_id)
+        self._queue.put_nowait(session_id)
+
+    def request_episode(self, session_info: Any) -> None:
+        """A session closed: its episode (and final extraction) is due. Usable as a
+        SessionStore close listener; what to do is derived from the database."""
+        sid = session_info if isinstance(session_info, str) else getattr(session_info, "id", "")
+        self.request(sid)
+
+    @property
+    def depth(self) -> int:
+        """Sessions queued or being worked on."""
+        return len(self._queued | self._running)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "depth": self.depth,
+            "queued": len(self._queued),
+            "running": len(self._running),
+            "retry_scheduled": len(self._timers),
+            "workers": self.workers,
+            "model": self.consolidator.model,
+            **dict(self._counts),
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        self._stopped = False
+        self._tasks = [asyncio.create_task(self._worker(i), name=f"consolidation-{i}")
+                       for i in range(self.workers)]
+
+    async def recover(self) -> int:
+        """Re-derive pending work from the database (after a start or a crash)."""
+        n = 0
+        now = self.clock()
+        for sid in await self.working.sessions_needing_work():
+            state = await self.working.state(sid)
+            if state.next_attempt_at > now:
+                self._schedule(sid, state.next_attempt_at - now)
+            else:
+                self.request(sid)
+            n += 1
+        self._emit("info", "consolidation_recovered", sessions=n)
+        return n
+
+    async def drain(self, timeout: float = 10.0) -> bool:
+        """Finish queued work within ``timeout``; cancel the rest (it stays derivable from
+        the database). Returns True when everything finished."""
+        finished = True
+        if self._tasks:
+            try:
+                await asyncio.wait_for(self._queue.join(), timeout)
+            except asyncio.TimeoutError:
+                finished = False
+        self._stopped = True
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if not finished:
+            self._emit("warning", "consolidation_drain_timeout", left=self.depth)
+        return finished
+
+    async def run_once(self, session_id: str) -> None:
+        """Do the session's due work now, in the caller's task (tests, CLI)."""
+        await self._job(session_id)
+
+    # -- workers -------------------------------------------------------------------------
+    async def _worker(self, index: int) -> None:
+        while True:
+            sid = await self._queue.get()
+            self._queued.discard(sid)
+            self._running.add(sid)
+            try:
+                await self._job(sid)
+            except asyncio.CancelledError:
+                self._running.discard(sid)
+                self._queue.task_done()
+                raise
+            except Exception:       # _job handles its own failures; this is a bug guard
+                self._emit("error", "consolidation_worker_error", session_id=sid, exc_info=True)
+            self._running.discard(sid)
+            if sid in self._rerun:
+                self._rerun.discard(sid)
+                self.request(sid)
+            self._queue.task_done()
+
+    def _schedule(self, sid: str, delay: float) -> None:
+        if self._stopped:
+            return
+        old = self._timers.pop(sid, None)
+        if old is not None:
+            old.cancel()
+
+        def fire() -> None:
+            self._timers.pop(sid, None)
+            self.request(sid)
+
+        self._timers[sid] = asyncio.get_running_loop().call_later(max(0.0, delay), fire)
+
+    async def _job(self, sid: str) -> None:
+        state = await self.working.state(sid)
+        now = self.clock()
+        if state.next_attempt_at > now:
+            if sid not in self._timers:
+                self._schedule(sid, state.next_attempt_at - now)
+            self._counts["deferred"] += 1
+            return
+        try:
+            await self._apply_writes(sid)
+            meta = await self.working.session(sid)
+            if meta is None:
+                return                      # deleted meanwhile
+            if meta.closed_at is not None:
+                await self._episode(sid, meta)
+            else:
+                for _ in range(self.max_steps):
+                    work = await self.working.due(sid)
+                    if work is None:
+                        break
+                    await self._step(work, meta)
+                    await self._apply_writes(sid)
+            self._counts["jobs_done"] += 1
+        except asyncio.CancelledError:
+            raise
+        except StaleWork as e:
+            # someone else (another process) did it; derive again
+            self._counts["stale"] += 1
+            self._emit("info", "consolidation_stale", session_id=sid, detail=str(e))
+            self._rerun.add(sid) if sid in self._running else self.request(sid)
+        except Exception as e:
+            self._counts["failures"] += 1
+            delay = await self.working.record_failure(
+                sid, f"{type(e).__name__}: {e}", base=self.backoff_base, cap_s=self.backoff_max,
+                now=self.clock(),
+            )
+            self._emit("warning", "consolidation_failed", session_id=sid, error=f"{type(e).__name__}: {e}",
+                       retry_in=round(delay, 3))
+            self._schedule(sid, delay)
+
+    # -- steps ---------------------------------------------------------------------------
+    async def _step(self, work: Work, meta: Any) -> None:
+        if work.kind == "compress":
+            turns = await self.working.turns(work.session_id, work.after_id, work.upto_id)
+            warm = await self.working.warm(work.session_id)
+            state = await self.working.state(work.session_id)
+            previous = warm[-1].summary if warm else state.rolling_summary
+            summary = await self.consolidator.compress(turns, previous_summary=previous)
+            first = turns[0].first_id if turns else work.after_id + 1
+            await self.working.commit_compression(work, summary, model=self.consolidator.model, first_msg_id=first)
+            self._counts["compressions"] += 1
+            self._emit("info", "warm_compressed", session_id=work.session_id, turns=work.turns,
+                       upto=work.upto_id)
+            return
+        # extract + fold
+        state = await self.working.state(work.session_id)
+        after = state.extracted_upto
+        upto = max(work.upto_id, after)
+        turns = await self.working.turns(work.session_id, after, upto) if upto > after else []
+        writes = await self._extraction_writes(meta, turns)
+        warm = await self.working.warm(work.session_id, upto_id=work.upto_id)
+        rolling = state.rolling_summary
+        if warm:
+            rolling = await self.consolidator.fold(state.rolling_summary, [w.summary for w in warm])
+        await self.working.commit_extraction(
+            work.session_id, after_id=after, upto_id=upto, writes=writes,
+            rolling_summary=rolling, fold_upto=work.upto_id,
+        )
+        self._counts["extractions"] += 1
+        self._emit("info", "cold_extracted", session_id=work.session_id, writes=len(writes), folded=len(warm))
+
+    async def _episode(self, sid: str, meta: Any) -> None:
+        state = await self.working.state(sid)
+        last = await self.working.last_message(sid)
+        if last is None or last.id <= state.episode_upto:
+            return
+        # 1. facts from the turns no extraction has read yet
+        if last.id > state.extracted_upto:
+            turns = await self.working.turns(sid, state.extracted_upto, last.id)
+            writes = await self._extraction_writes(meta, turns)
+            await self.working.commit_extraction(
+                sid, after_id=state.extracted_upto, upto_id=last.id, writes=writes,
+            )
+            await self._apply_writes(sid)
+            self._counts["final_extractions"] += 1
+            state = await self.working.state(sid)
+        # 2. one episode per participating user with >= 2 user turns
+        participants = await self._participants(sid)
+        due = [(uid, n) for uid, n in participants if n >= MIN_EPISODE_TURNS]
+        if due:
+            warm = await self.working.warm(sid)
+            background = "\n\n".join(
+                s for s in [state.rolling_summary.strip(), *(w.summary.strip() for w in warm)] if s
+            )
+            recent = await self.working.hot_turns(
+                sid, before_message_id=last.id + 1, state=state, limit=EPISODE_RECENT_TURNS
+            )
+            summary = await self.consolidator.summarize_episode(background, recent)
+            for uid, n in due:
+                await self.episodes.write(
+                    session_id=sid, user_id=uid, chat_id=meta.chat_id, chat_type=meta.chat_type,
+                    summary=summary, turn_count=n, model=self.consolidator.model,
+                )
+                self._counts["episodes"] += 1
+        await self.working.mark_episode(sid, last.id)
+        self._emit("info", "episode_done", session_id=sid, episodes=len(due))
+
+    async def _participants(self, sid: str) -> list[tuple[str, int]]:
+        rows = await self.db.fetchall(
+            "SELECT sender_id, COUNT(*) AS n FROM messages WHERE session_id = ? AND role = 'user'"
+            " AND tool_call_id IS NULL AND sender_id <> '' GROUP BY sender_id ORDER BY MIN(id)",
+            (sid,),
+        )
+        return [(r["sender_id"], int(r["n"])) for r in rows]
+
+    async def _extraction_writes(self, meta: Any, turns: list[Turn]) -> list[tuple[str, str, dict[str, Any]]]:
+        """Model calls for every speaking user; returns the writes to record (no DB writes)."""
+        by_user: dict[str, list[Turn]] = {}
+        for t in turns:
+            if t.user is not None and t.sender_id and t.user_text.strip():
+                by_user.setdefault(t.sender_id, []).append(t)
+        writes: list[tuple[str, str, dict[str, Any]]] = []
+        for uid, own in by_user.items():
+            companion = (await self.modes.get(uid, meta.conv_key)) == COMPANION
+            extraction = await self.consolidator.extract([t.user_text for t in own], companion=companion)
+            if extraction.skipped_secrets:
+                self._counts["secrets_skipped"] += extraction.skipped_secrets
+            where = {
+                "chat_id": meta.chat_id, "chat_type": meta.chat_type, "thread_id": meta.thread_id,
+                "message_id": next((t.user.lark_message_id for t in reversed(own)
+                                    if t.user and t.user.lark_message_id), ""),
+            }
+            for fact in extraction.facts:
+                if fact.importance < MIN_FACT_IMPORTANCE:
+                    continue
+                writes.append(("fact", uid, {
+                    **where, "content": fact.content, "category": fact.category,
+                    "confidence": round(min(MAX_FACT_CONFIDENCE, fact.importance), 3),
+                    "user_text": "\n".join(t.user_text for t in own)[-1000:],
+                }))
+            if companion and extraction.profile_psych:
+                writes.append(("psych", uid, {**where, "entries": extraction.profile_psych}))
+        return writes
+
+    async def _apply_writes(self, sid: str) -> None:
+        for wid, kind, uid, payload in await self.working.pending_writes(sid):
+            scope = Scope(
+                user_id=uid, chat_id=payload.get("chat_id", ""), chat_type=payload.get("chat_type", ""),
+                thread_id=payload.get("thread_id", ""), message_id=payload.get("message_id", ""),
+            )
+            if kind == "fact":
+                try:
+                    await self.facts.add(
+                        scope, payload["content"], payload["category"], source="consolidator",
+                        confidence=payload.get("confidence"), user_text=payload.get("user_text", ""),
+                    )
+                    self._counts["facts_written"] += 1
+                except ValueError as e:     # FactStore refuses secrets and bad input: skip it
+                    self._counts["facts_refused"] += 1
+                    self._emit("info", "fact_refused", session_id=sid, reason=str(e)[:200])
+            elif kind == "psych":
+                if (await self.modes.get(uid, scope.conv_key)) == COMPANION:
+                    try:
+                        n = await self.profile.apply_extraction(scope, payload["entries"], companion=True)
+                        self._counts["psych_written"] += int(n or 0)
+                    except ValueError as e:  # ProfileError is a ValueError
+                        self._emit("info", "psych_refused", session_id=sid, reason=str(e)[:200])
+            await self.working.done_write(wid)
+
+    # -- logging -------------------------------------------------------------------------
+    def _emit(self, level: str, event: str, **fields: Any) -> None:
+        log = self.log
+        exc_info = fields.pop("exc_info", False)
+        if isinstance(log, logging.Logger):
+            detail = " ".join(f"{k}={v}" for k, v in fields.items())
+            getattr(log, level)(f"{event} {detail}".strip(), exc_info=exc_info)
+        else:
+            try:
+                getattr(log, level)(event, exc_info=exc_info, **fields)
+            except Exception:
+                pass

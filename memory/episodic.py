@@ -1,0 +1,595 @@
+"""Layer 4: episodic memory — one keyworded summary per finished session, per user.
+
+When a session ends with at least two user turns, ``EpisodeStore.write`` keeps one
+*episode* per participating user: the spec's record (session_id, summary, timestamp,
+model, turn_count, keywords) plus its scope (user_id, chat_id, chat_type, visibility —
+an episode of a p2p chat is ``private``). Writing is idempotent per (user, session):
+a resumed session that ends again updates its episode.
+
+Words
+-----
+Chinese is segmented with jieba (its own ``Tokenizer`` instance, loaded lazily once;
+``warm_up()`` loads it ahead of time, off the reply path). English is split into
+words. Both are lower-cased; stop words (the small lists below, plus the boiler-plate
+of model-written summaries: 用户, 助手, user, assistant, discussed …), single
+characters and bare numbers are dropped.
+
+* ``extract_keywords(text, k=8)`` — at most ``k`` (≤ 8) distinct words ranked by term
+  frequency, ties broken by first appearance.
+* ``search_terms(text)`` — the words used for search: jieba's search mode (a long word
+  also yields its sub-words: 睡不着 → 不着, 睡不着), English words lightly stemmed
+  (deploying/deployed → deploy) so inflections meet.
+
+Search
+------
+Two rankings, both filtered by ``user_id`` (and, for recall, visibility) in SQL:
+
+* ``"bm25"`` (default) — the episode's search terms are stored in ``episodes.terms``
+  (space-separated) and indexed by FTS5 (``episodes_fts``, unicode61 tokenizer, so each
+  jieba word is one token: two-character Chinese words match, which the trigram
+  tokenizer cannot do). The query's search terms are OR-ed and ranked by FTS5's
+  ``bm25()``. Inverse document frequencies are those of the whole table (FTS5 keeps
+  one set of statistics); they shape the order only, never which rows are seen.
+* ``"tf"`` — the spec's term-frequency scoring: for each query word, its occurrences in
+  the summary plus ``KEYWORD_WEIGHT`` if it is one of the episode's keywords; summed.
+
+On the labelled set in ``tests/memory/episodes_labelled.py`` (55 episodes of 4 users,
+37 queries) BM25 ranks better; ``bench/bench_episode_search.py`` reports both.
+
+Recall
+------
+``recall(scope, text)`` decides whether the current message is about one of the user's
+past episodes. Candidates come from the BM25 search; each is then judged by a score
+independent of corpus size, the *weighted coverage* of the message's search terms::
+
+    coverage = Σ w(t) for terms t of the message found in the episode
+               ──────────────────────────────────────────────────────
+               Σ w(t) for all terms t of the message
+
+where ``w(t) = log(1 + N / (1 + df(t)))`` over the user's own N episodes (a word that
+is in many of the user's episodes says little). An episode is recalled when at least
+``RECALL_MIN_TERMS`` distinct terms match, or one term matches that is one of the
+episode's keywords, *and* coverage ≥ ``RECALL_THRESHOLD``. The constants were tuned on
+the labelled set: no unrelated message recalls anything there (see the tests). The top
+``k`` are returned, trimmed to ``max_tokens`` (estimate: a CJK character is a token,
+other text four characters a token). Private (p2p) episodes are recalled only in the
+user's p2p chat; another user's episodes never.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import threading
+import time
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from memory.db import Database
+from memory.scope import PRIVATE_CHAT_TYPES, Scope
+
+log = logging.getLogger(__name__)
+
+MIN_TURNS = 2              # a session with fewer user turns leaves no episode
+MAX_KEYWORDS = 8
+MAX_SUMMARY_CHARS = 4000
+MAX_QUERY_TERMS = 32
+KEYWORD_WEIGHT = 2         # tf method: a query word that is an episode keyword counts this much more
+METHODS = ("bm25", "tf")
+DEFAULT_METHOD = "bm25"
+
+# Recall gate (tuned on tests/memory/episodes_labelled.py; see the module docstring).
+RECALL_THRESHOLD = 0.4     # weighted coverage needed when one word of the message matches
+RECALL_THRESHOLD_MULTI = 0.25  # ... when RECALL_MIN_TERMS or more distinct words match
+RECALL_MIN_TERMS = 2
+RECALL_CANDIDATES = 10
+PARTIAL_CREDIT = 0.5       # a message word met only through its sub-words (数据库 → 数据)
+MIN_TRIMMED_TOKENS = 40    # below this, a second episode is left out rather than cut
+
+# --- stop words -------------------------------------------------------------------------
+
+STOP_ZH = frozenset(
+    """
+    的 了 着 过 是 在 有 和 与 及 或 但 而 把 被 让 给 对 从 到 向 为 以 之 于 上 下 中 里 也 都
+    就 还 又 再 才 很 太 更 最 吗 呢 吧 啊 呀 哦 嗯 哈 嘛 啦 么 个 这 那 哪 谁 我 你 您 他 她 它 们
+    我们 你们 您们 他们 她们 它们 咱们 大家 自己 人家 这个 那个 哪个 这些 那些 这样 那样 这么 那么
+    这里 那里 哪里 这儿 那儿 什么 怎么 怎么样 怎样 为什么 为何 如何 多少 几个 是否 是不是 有没有
+    可以 可能 能够 应该 应当 需要 必须 不能 不会 不要 没有 没什么 不是 就是 还是 但是 可是 不过
+    因为 所以 因此 如果 假如 要是 虽然 尽管 然后 然而 而且 并且 或者 以及 以及 同时 另外 此外
+    已经 曾经 正在 一直 一下 一些 一个 一点 一起 一样 一般 一定 一次 一种 有点 有些 有的 所有
+    非常 特别 比较 相当 十分 真的 其实 当然 确实 好像 似乎 大概 也许 或许 可能性
+    现在 今天 明天 昨天 刚才 最近 之前 之后 以前 以后 时候 时间 那时 这时 当时 后来 目前
+    觉得 认为 知道 看看 想想 告诉 一下子 东西 事情 问题 情况 方面 地方 方式 部分 内容
+    你好 您好 谢谢 感谢 好的 好吧 嗯嗯 哈哈 哈哈哈 请问 麻烦 帮忙 帮我 帮助 请 能不能 可不可以
+    关于 对于 上次 上回 那次 这次 本次 之前 记得 还记得 聊过 说过 讲过 提过 聊聊 聊天 对话 会话
+    用户 助手 询问 讨论 提到 表示 介绍 分享 建议 提出 认为 希望 想要 打算 准备 计划 表达 说明
+    进行 开始 继续 完成 得到 出现 发现 包括 通过 根据 使用 利用 作为 成为 没事 不错 怎么办 怎么做
+    推荐 帮她 帮他 给出 给了 列了 早上好 晚上好 下午好 早安 晚安 再见 拜拜
+    早上 上午 中午 下午 晚上 今晚 每天 每周 每月 周末 周一 周二 周三 周四 周五 周六 周日 星期
+    今年 明年 去年 本周 这周 上周 下周 这个月 上个月 下个月 这两天 前几天 过几天 一会儿 马上
+    """.split()
+)
+
+STOP_EN = frozenset(
+    """
+    a about above after again against all also am an and any are aren't as at be because been
+    before being below between both but by can can't cannot could couldn't did didn't do does
+    doesn't doing don't down during each few for from further get got had hadn't has hasn't have
+    haven't having he her here hers herself him himself his how i if in into is isn't it it's its
+    itself just let's me more most mustn't my myself no nor not now of off on once only or other
+    ought our ours ourselves out over own same shan't she should shouldn't so some such than that
+    that's the their theirs them themselves then there there's these they this those through to
+    too under until up very was wasn't we were weren't what when where which while who whom why
+    will with won't would wouldn't you your yours yourself yourselves
+    s t d ll m re ve don isn aren wasn weren hasn haven hadn doesn didn won wouldn shan shouldn
+    couldn mustn
+    hi hello hey thanks thank please ok okay yes yeah sure well really maybe like just still even
+    also much many lot lots thing things something anything stuff way ways one two etc via
+    user users assistant asked ask asking discussed discuss discussing talked talk talking
+    mentioned mention said say says wanted want wants suggested suggest suggests help helped
+    helping remember recall last time session conversation chat today yesterday tomorrow again
+    need needs needed think thought know make made use used using new good great
+    write writes writing wrote written plan plans planned planning could would
+    """.split()
+)
+
+# --- tokenisation -----------------------------------------------------------------------
+
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+_jieba_lock = threading.Lock()
+_tokenizer: Any = None
+
+
+def _jieba() -> Any:
+    """The jieba tokenizer, loaded once (about half a second to a second the first time)."""
+    global _tokenizer
+    if _tokenizer is None:
+        with _jieba_lock:
+            if _tokenizer is None:
+                import jieba
+
+                jieba.setLogLevel(logging.WARNING)
+                tok = jieba.Tokenizer()
+                tok.initialize()
+                _tokenizer = tok
+    return _tokenizer
+
+
+def warm_up() -> None:
+    """Load jieba's dictionary now (call at start, e.g. ``await asyncio.to_thread(warm_up)``)."""
+    _jieba()
+
+
+def is_warm() -> bool:
+    return _tokenizer is not None
+
+
+def _prepare(text: str) -> str:
+    return unicodedata.normalize("NFKC", text or "").casefold()
+
+
+def _words(text: str, *, search: bool = False) -> list[str]:
+    """Content words in order of appearance (stop words, single characters, numbers dropped)."""
+    text = _prepare(text)
+    if not text.strip():
+        return []
+    tok = _jieba()
+    pieces = tok.lcut_for_search(text) if search else tok.lcut(text)
+    out: list[str] = []
+    for piece in pieces:
+        piece = piece.strip()
+        if not piece:
+            continue
+        if _CJK.search(piece):
+            # jieba keeps CJK runs apart from Latin ones; drop any stray punctuation.
+            word = "".join(ch for ch in piece if _CJK.match(ch))
+            if len(word) >= 2 and word not in STOP_ZH:
+                out.append(word)
+            continue
+        for word in _LATIN_WORD.findall(piece):
+            word = word.split("'")[0] if word.endswith(("'s", "'t", "'re", "'ve", "'ll", "'d", "'m")) else word
+            if len(word) < 2 or word.isdigit() or word in STOP_EN:
+                continue
+            out.append(word)
+    return out
+
+
+def _stem(word: str) -> str:
+    """A light English suffix stripper, the same on both sides of a search.
+
+    Not a real stemmer: it only needs to send inflections of one word to one form
+    (price/prices/pricing → pric, deploy/deployed/deploying → deploy).
+    """
+    if not word.isascii() or len(word) <= 3 or not word.isalpha():
+        return word
+    for suffix, minlen in (("ies", 5), ("ing", 6), ("ed", 6), ("es", 5), ("s", 4)):
+        if word.endswith(suffix) and len(word) >= minlen:
+            if suffix == "s" and word.endswith(("ss", "us", "is")):
+                break
+            if suffix == "es" and not word.endswith(("ches", "shes", "xes", "sses", "zes")):
+                continue
+            word = word[: len(word) - len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    if len(word) > 4 and word.endswith("e"):
+        word = word[:-1]
+    if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "aeiouls":
+        word = word[:-1]      # planned → plann → plan, running → runn → run
+    return word
+
+
+def extract_keywords(text: str, k: int = MAX_KEYWORDS) -> list[str]:
+    """At most ``k`` (≤ 8) keywords of ``text`` by term frequency, then first appearance."""
+    k = max(0, min(int(k), MAX_KEYWORDS))
+    words = _words(text)
+    if not words or k == 0:
+        return []
+    counts = Counter(words)
+    first: dict[str, int] = {}
+    for i, w in enumerate(words):
+        first.setdefault(w, i)
+    ranked = sorted(counts, key=lambda w: (-counts[w], first[w]))
+    return ranked[:k]
+
+
+def search_terms(text: str) -> list[str]:
+    """Distinct search terms of ``text`` (jieba search mode, stemmed English), in order."""
+    seen: dict[str, None] = {}
+    for w in _words(text, search=True):
+        seen.setdefault(_stem(w), None)
+    return list(seen)
+
+
+def _query_words(text: str) -> list[tuple[str, set[str]]]:
+    """The message's words (accurate mode, stemmed) each with its search-mode sub-words."""
+    out: dict[str, set[str]] = {}
+    for w in _words(text)[:MAX_QUERY_TERMS]:
+        stem = _stem(w)
+        if stem not in out:
+            out[stem] = set(search_terms(w)) - {stem}
+    return list(out.items())
+
+
+def estimate_tokens(text: str) -> int:
+    """A CJK character is about one token; other text about four characters a token."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def _trim_to_tokens(text: str, budget: int) -> str:
+    if estimate_tokens(text) <= budget:
+        return text
+    used = 0.0
+    for i, ch in enumerate(text):
+        used += 1.0 if _CJK.match(ch) else 0.25
+        if used > budget - 1:
+            return text[:i].rstrip() + "…"
+    return text
+
+
+# --- records ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Episode:
+    id: int
+    user_id: str
+    session_id: str
+    chat_id: str
+    chat_type: str
+    visibility: str
+    summary: str
+    keywords: list[str]
+    model: str
+    turn_count: int
+    timestamp: float
+    score: float = 0.0
+    matched: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec's record (episodes.json), plus scope."""
+        return {
+            "session_id": self.session_id,
+            "summary": self.summary,
+            "timestamp": self.timestamp,
+            "model": self.model,
+            "turn_count": self.turn_count,
+            "keywords": list(self.keywords),
+            "chat_id": self.chat_id,
+            "chat_type": self.chat_type,
+            "visibility": self.visibility,
+        }
+
+
+_COLUMNS = "id, user_id, session_id, chat_id, chat_type, visibility, summary, keywords, model, turn_count, timestamp"
+
+
+def _row(row: Any, *, score: float = 0.0) -> Episode:
+    try:
+        keywords = json.loads(row["keywords"] or "[]")
+        if not isinstance(keywords, list):
+            keywords = []
+    except ValueError:
+        keywords = []
+    return Episode(
+        id=row["id"], user_id=row["user_id"], session_id=row["session_id"], chat_id=row["chat_id"],
+        chat_type=row["chat_type"], visibility=row["visibility"], summary=row["summary"],
+        keywords=[str(k) for k in keywords], model=row["model"], turn_count=row["turn_count"],
+        timestamp=row["timestamp"], score=score,
+    )
+
+
+def _fts_query(terms: Iterable[str]) -> str:
+    # Our terms are word characters only; quoting keeps FTS5 operators (AND, NOT, NEAR) inert.
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+class EpisodeStore:
+    def __init__(self, db: Database, *, clock=time.time) -> None:
+        self.db = db
+        self.clock = clock
+
+    # -- writing ------------------------------------------------------------------------
+    async def write(
+        self,
+        *,
+        session_id: str,
+        user_id: str,
+        chat_id: str = "",
+        chat_type: str = "",
+        summary: str,
+        turn_count: int,
+        model: str = "",
+        keywords: list[str] | None = None,
+        timestamp: float | None = None,
+    ) -> Episode | None:
+        """Keep the episode of a finished session; ``None`` when there is nothing to keep.
+
+        Fewer than ``MIN_TURNS`` user turns or an empty summary write nothing. A second write
+        for the same (user, session) updates the episode (a resumed session that ended again);
+        it stays private if either write was private.
+        """
+        if not user_id or not session_id:
+            raise ValueError("an episode needs a user_id and a session_id")
+        summary = (summary or "").strip()
+        if turn_count < MIN_TURNS or not summary:
+            return None
+        if len(summary) > MAX_SUMMARY_CHARS:
+            summary = summary[: MAX_SUMMARY_CHARS - 1].rstrip() + "…"
+        if keywords is None:
+            keywords = await self._off_loop(extract_keywords, summary)
+        else:
+            keywords = _clean_keywords(keywords)
+        terms = await self._off_loop(search_terms, summary + "\n" + " ".join(keywords))
+        visibility = "private" if chat_type in PRIVATE_CHAT_TYPES else "shared"
+        ts = self.clock() if timestamp is None else float(timestamp)
+        async with self.db.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO episodes(user_id, session_id, chat_id, chat_type, visibility, summary, keywords,"
+                " terms, model, turn_count, timestamp) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(user_id, session_id) DO UPDATE SET"
+                "  summary = excluded.summary, keywords = excluded.keywords, terms = excluded.terms,"
+                "  model = excluded.model, turn_count = excluded.turn_count, timestamp = excluded.timestamp,"
+                "  visibility = CASE WHEN episodes.visibility = 'private' OR excluded.visibility = 'private'"
+                "               THEN 'private' ELSE 'shared' END",
+                (user_id, session_id, chat_id, chat_type, visibility, summary,
+                 json.dumps(keywords, ensure_ascii=False), " ".join(terms), model, int(turn_count), ts),
+            )
+            cur = await tx.execute(
+                f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? AND session_id = ?", (user_id, session_id)
+            )
+            row = await cur.fetchone()
+            await cur.close()
+        return _row(row)
+
+    # -- reading ------------------------------------------------------------------------
+    async def recent(self, user_id: str, n: int = 5) -> list[Episode]:
+        """The user's newest episodes first."""
+        rows = await self.db.fetchall(
+            f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? ORDER BY timestamp DESC, id DESC LIMIT ?",
+            (user_id, max(0, int(n))),
+        )
+        return [_row(r) for r in rows]
+
+    async def list(self, user_id: str, limit: int = 50, offset: int = 0) -> list[Episode]:
+        """The user's episodes, newest first (console, export)."""
+        rows = await self.db.fetchall(
+            f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? ORDER BY timestamp DESC, id DESC LIMIT ? OFFSET ?",
+            (user_id, max(0, int(limit)), max(0, int(offset))),
+        )
+        return [_row(r) for r in rows]
+
+    async def get(self, user_id: str, episode_id: int) -> Episode | None:
+        row = await self.db.fetchone(
+            f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? AND id = ?", (user_id, int(episode_id))
+        )
+        return _row(row) if row else None
+
+    async def count(self, user_id: str) -> int:
+        row = await self.db.fetchone("SELECT COUNT(*) AS n FROM episodes WHERE user_id = ?", (user_id,))
+        return int(row["n"])
+
+    async def search(
+        self, user_id: str, query: str, *, limit: int = 5, method: str = DEFAULT_METHOD,
+        scope: Scope | None = None, exclude_session: str | None = None,
+    ) -> list[Episode]:
+        """The user's episodes that best match ``query``, best first (``method``: bm25 | tf).
+
+        With ``scope``, only the episodes that scope may see (private ones only in p2p).
+        """
+        if method not in METHODS:
+            raise ValueError(f"unknown search method {method!r}; use one of {', '.join(METHODS)}")
+        if scope is not None and scope.user_id != user_id:
+            raise ValueError("scope belongs to another user")
+        limit = max(0, int(limit))
+        if limit == 0:
+            return []
+        where = ["e.user_id = ?"]
+        params: list[Any] = [user_id]
+        if scope is not None:
+            where.append(scope.visible_sql("e.visibility"))
+        if exclude_session:
+            where.append("e.session_id <> ?")
+            params.append(exclude_session)
+        if method == "bm25":
+            terms = (await self._off_loop(search_terms, query))[:MAX_QUERY_TERMS]
+            if not terms:
+                return []
+            rows = await self.db.fetchall(
+                f"SELECT e.{_COLUMNS.replace(', ', ', e.')}, bm25(episodes_fts) AS rank"
+                " FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
+                f" WHERE episodes_fts MATCH ? AND {' AND '.join(where)}"
+                " ORDER BY rank, e.timestamp DESC LIMIT ?",
+                (_fts_query(terms), *params, limit),
+            )
+            return [_row(r, score=-float(r["rank"])) for r in rows]
+        words = (await self._off_loop(search_terms, query))[:MAX_QUERY_TERMS]
+        if not words:
+            return []
+        rows = await self.db.fetchall(
+            f"SELECT e.{_COLUMNS.replace(', ', ', e.')} FROM episodes e WHERE {' AND '.join(where)}", params
+        )
+        scored: list[tuple[float, float, int, Any]] = []
+        for r in rows:
+            ep = _row(r)
+            score = _tf_score(words, ep)
+            if score > 0:
+                scored.append((score, ep.timestamp, ep.id, ep))
+        scored.sort(key=lambda s: (-s[0], -s[1], -s[2]))
+        out = []
+        for score, _, _, ep in scored[:limit]:
+            ep.score = score
+            out.append(ep)
+        return out
+
+    async def recall(
+        self, scope: Scope, text: str, *, k: int = 2, max_tokens: int = 600,
+        exclude_session: str | None = None,
+    ) -> list[Episode]:
+        """Past episodes the current message is about (for ``<related_episodes>``), or ``[]``.
+
+        Only ``scope.user_id``'s episodes, and private (p2p) ones only in a p2p chat.
+        """
+        if k <= 0 or max_tokens <= 0:
+            return []
+        words = await self._off_loop(_query_words, text)
+        if not words:
+            return []
+        candidates = await self.search(
+            scope.user_id, text, limit=RECALL_CANDIDATES, method="bm25", scope=scope,
+            exclude_session=exclude_session,
+        )
+        if not candidates:
+            return []
+        weights = await self._word_weights(scope.user_id, [w for w, _ in words])
+        total = sum(weights.values()) or 1.0
+        terms_of = await self._terms_of([ep.id for ep in candidates])
+        judged: list[tuple[float, Episode]] = []
+        for ep in candidates:
+            ep_terms = terms_of.get(ep.id, set())
+            keyword_terms = {t for kw in ep.keywords for t in search_terms(kw)}
+            matched: list[str] = []
+            credit = 0.0
+            key_match = False
+            for word, variants in words:
+                if word in ep_terms:
+                    credit += weights[word]
+                elif variants & ep_terms:
+                    credit += PARTIAL_CREDIT * weights[word]
+                else:
+                    continue
+                matched.append(word)
+                key_match = key_match or bool(({word} | variants) & keyword_terms)
+            coverage = credit / total
+            if len(matched) >= RECALL_MIN_TERMS:
+                ok = coverage >= RECALL_THRESHOLD_MULTI
+            else:
+                ok = key_match and coverage >= RECALL_THRESHOLD
+            if ok:
+                ep.matched = matched
+                judged.append((coverage, ep))
+        judged.sort(key=lambda j: (-j[0], -j[1].score, -j[1].timestamp))
+        out: list[Episode] = []
+        budget = max_tokens
+        for coverage, ep in judged[:k]:
+            cost = estimate_tokens(ep.summary)
+            if cost > budget:
+                if out and budget < MIN_TRIMMED_TOKENS:
+                    break
+                ep.summary = _trim_to_tokens(ep.summary, budget)
+                cost = estimate_tokens(ep.summary)
+            ep.score = coverage
+            out.append(ep)
+            budget -= cost
+            if budget <= 0:
+                break
+        return out
+
+    # -- deleting -----------------------------------------------------------------------
+    async def delete(self, user_id: str, episode_id: int) -> bool:
+        async with self.db.transaction() as tx:
+            cur = await tx.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, int(episode_id)))
+            return cur.rowcount > 0
+
+    async def delete_all(self, user_id: str) -> int:
+        async with self.db.transaction() as tx:
+            cur = await tx.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,))
+            return cur.rowcount
+
+    # -- helpers ------------------------------------------------------------------------
+    async def _word_weights(self, user_id: str, words: list[str]) -> dict[str, float]:
+        """w(t) = log(1 + N / (1 + df(t))) over the user's own N episodes."""
+        n = await self.count(user_id)
+        weights: dict[str, float] = {}
+        for w in words:
+            row = await self.db.fetchone(
+                "SELECT COUNT(*) AS df FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
+                " WHERE episodes_fts MATCH ? AND e.user_id = ?",
+                (_fts_query([w]), user_id),
+            )
+            weights[w] = math.log(1 + n / (1 + int(row["df"])))
+        return weights
+
+    async def _terms_of(self, ids: list[int]) -> dict[int, set[str]]:
+        if not ids:
+            return {}
+        rows = await self.db.fetchall(
+            f"SELECT id, terms FROM episodes WHERE id IN ({', '.join('?' * len(ids))})", ids
+        )
+        return {r["id"]: set(r["terms"].split()) for r in rows}
+
+    @staticmethod
+    async def _off_loop(fn, *args):
+        """jieba's first load takes about a second: keep it off the event loop."""
+        if is_warm():
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+
+def _clean_keywords(keywords: Iterable[Any]) -> list[str]:
+    out: list[str] = []
+    for kw in keywords:
+        kw = " ".join(str(kw).split())[:40]
+        if kw and kw not in out:
+            out.append(kw)
+        if len(out) >= MAX_KEYWORDS:
+            break
+    return out
+
+
+def _tf_score(words: list[str], ep: Episode) -> float:
+    """The spec's scoring: occurrences in the summary, plus a bonus per matching keyword."""
+    hay = _prepare(ep.summary)
+    keywords = {_prepare(k) for k in ep.keywords}
+    score = 0.0
+    for w in words:
+        score += hay.count(w)
+        if w in keywords:
+            score += KEYWORD_WEIGHT
+    return score

@@ -1,0 +1,566 @@
+"""The cold zone: durable facts about one user, each with a confidence.
+
+Every fact belongs to exactly one user (``scope.user_id``, taken from the event, never from
+model arguments) and every read filters ``user_id = ?`` in SQL. Facts learned in a p2p chat
+are ``private`` (injected only in that user's p2p chats); facts learned in a group, and facts
+the user enters in the console (``user_edit``), are ``shared``.
+
+Confidence on ``add`` (an explicit ``confidence=`` argument, 0..1, always wins — imports use it):
+
+* ``user_edit`` 1.0; ``agent_proactive`` (the ``memory_write`` tool) 0.95;
+* ``consolidator`` 0.8 by default, raised for strong signals (the spec's 强信号加权):
+  ``importance`` (the extractor's 0..1 score) >= 0.9 → 0.95, >= 0.7 → 0.9;
+  ``user_text`` (the user's own words the fact came from) containing one of ``STRONG_SIGNALS``
+  (记住 / 别忘 / 纠正 / 偏好 / 一定要 / 务必 / 永远 / 以后都 …, remember / don't forget /
+  correct / prefer / always / never / make sure / from now on …) → 0.9, two or more different
+  ones → 0.95. The highest of these applies; it is never below 0.8.
+
+Matching a new fact against the user's active facts (one pass, in ``add``). Texts are compared
+twice: as written (``similarity.normalise`` + bigram Dice), and as a *skeleton* — with negation
+words (不/没/别/未/不再/没有…, not/no/never/n't/no longer…) and change markers (现在/目前/如今/
+已经/改为/改成/换成/其实/以后/了, now/currently/anymore/instead/actually/from now on…) removed
+and every number replaced by ``#``. For an existing fact ``old`` and the new text ``new``:
+
+1. *negation*: ``new`` and ``old`` differ in polarity (exactly one contains a negation word) and
+   their skeletons are the same (Dice >= ``SAME``)            → contradiction;
+2. *value*: both contain numbers, the numbers differ, skeletons the same → contradiction;
+3. *same*: normalised texts equal, or Dice >= ``SAME`` (as written or as skeletons) → same fact;
+4. *update*: ``new`` is a ``correction`` or contains a change marker, both have the same polarity,
+   and their skeletons are related (Dice >= ``RELATED``)      → contradiction;
+5. otherwise unrelated.
+
+A negated new fact only contradicts the statement it negates (rule 1), never a merely related
+one: "用户不喜欢喝茶了" does not supersede "用户喜欢喝咖啡". Numbers are ASCII digits after NFKC
+(Chinese numerals are not compared).
+
+Outcome: if some active fact is the *same*, the best match is **reinforced** — confidence
+``max(old, new)`` plus ``REINFORCE_STEP`` capped at ``MAX_REINFORCED`` (never lowered: a 1.0
+user edit stays 1.0), ``hit_count + 1``, ``last_accessed``/``updated_at`` = now, provenance
+(chat_id/message_id) moved to the newest learning when it has one, ``source`` upgraded to the
+more authoritative (user_edit > agent_proactive > consolidator), visibility widened to ``shared``
+when the fact is learned again outside p2p, content and category kept. Otherwise the new fact is
+**added**. Either way every *contradicted* active fact is **superseded** — kept, with
+``superseded_at`` = now and ``superseded_by`` = the surviving fact — never deleted; the new
+fact keeps its own visibility (a p2p correction of a shared fact hides the old one in groups
+without revealing the new one there).
+
+Capacity: at most ``capacity`` active facts per user (default 500). When an add exceeds it, the
+lowest-confidence facts, then the longest-unaccessed, then the oldest are deleted (superseded
+history is not counted and not evicted); the fact being written is never evicted.
+
+Injection: ``top(scope, k)`` returns active facts with confidence >= ``MIN_CONFIDENCE`` (0.3),
+visible in the scope (outside p2p: ``shared`` only), by confidence DESC, last_accessed DESC,
+id; served by the partial indexes ``facts_active`` / ``facts_active_shared``. With ``touch``
+their ``last_accessed`` becomes now in one UPDATE. ``hit_count`` is *not* incremented by
+injection: it counts re-learning (reinforcement), which is what the spec's 命中 stacks
+confidence on; injection happens on every message and would drown it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import unicodedata
+from difflib import SequenceMatcher
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
+
+from memory.db import Database
+from memory.redact import looks_like_secret
+from memory.scope import Scope
+from memory.similarity import RELATED, SAME, dice, norm_bigrams, normalise
+
+CATEGORIES = ("preference", "decision", "knowledge", "correction")
+SOURCES = ("consolidator", "agent_proactive", "user_edit")
+VISIBILITIES = ("private", "shared")
+_AUTHORITY = {"consolidator": 0, "agent_proactive": 1, "user_edit": 2}
+
+DEFAULT_CAPACITY = 500
+MAX_CONTENT_CHARS = 500
+MIN_CONFIDENCE = 0.3          # injection threshold
+EXTRACTED_CONFIDENCE = 0.8    # consolidator default
+STRONG_CONFIDENCE = 0.9       # one strong signal / importance >= 0.7
+STRONGEST_CONFIDENCE = 0.95   # two strong signals / importance >= 0.9
+PROACTIVE_CONFIDENCE = 0.95   # memory_write
+USER_EDIT_CONFIDENCE = 1.0
+REINFORCE_STEP = 0.05
+MAX_REINFORCED = 0.99
+
+# Strong signals in the user's words: each entry is one signal (counted once).
+STRONG_SIGNALS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE))
+    for name, pattern in (
+        ("记住", r"记住|记得|记一下|记下来"),
+        ("别忘", r"别忘|不要忘|千万别忘"),
+        ("纠正", r"纠正|更正|说错了|搞错了"),
+        ("偏好", r"偏好|更喜欢|最喜欢"),
+        ("一定", r"一定要|务必|千万|必须"),
+        ("永远", r"永远|始终|一直都|以后都|从今以后|绝对不|绝不|从不"),
+        ("remember", r"\bremember\b|\bmake a note\b"),
+        ("forget", r"\bdon['’]?t forget\b|\bdo not forget\b|\bnever forget\b"),
+        ("correct", r"\bcorrect(?:ion)?\b|\bthat['’]?s wrong\b|\bi meant\b"),
+        ("prefer", r"\bprefer(?:s|red|ence)?\b"),
+        ("always", r"\balways\b|\bnever\b|\bfrom now on\b"),
+        ("must", r"\bmake sure\b|\bmust\b|\bbe sure to\b"),
+    )
+)
+
+_NEG_EN = re.compile(
+    r"\b(?:no longer|not|no|never|none|nothing|nobody|neither|nor|cannot)\b"
+    r"|\b(?:do|does|did|is|are|was|were|has|have|had|ca|wo|could|would|should)n['’]?t\b"
+    r"|\b(?:don|won|can|isn|aren|doesn|didn)['’]t\b"
+    r"|\bdis(?=lik)",
+    re.IGNORECASE,
+)
+# Chinese words that contain a negation character without negating anything.
+_NEG_CN_NOT = re.compile(
+    r"(不错|不过|不少|不仅|不同|不断|不管|不久|不得不|差不多|要不|别人|特别|区别|类别|级别|分别|性别|"
+    r"识别|告别|未来|非常|无论|无聊)"
+)
+_NEG_CN = re.compile(r"不再|从不|从未|并不|并非|没有|不|没|别|未|无")
+_CHANGE_EN = re.compile(
+    r"\b(?:now|currently|these days|nowadays|anymore|any more|instead|actually|from now on|no longer)\b",
+    re.IGNORECASE,
+)
+_CHANGE_CN = re.compile(r"现在|目前|如今|最近|已经|改为|改成|换成|改用|其实|实际上|以后|从今以后|不再")
+_PARTICLES = re.compile(r"了|啦")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+class FactError(ValueError):
+    """Bad input to the fact store (a message suitable to show the caller or the model)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    id: int
+    user_id: str
+    content: str
+    category: str
+    confidence: float
+    source: str
+    visibility: str
+    chat_id: str
+    message_id: str
+    created_at: float
+    updated_at: float
+    last_accessed: float
+    hit_count: int
+    superseded_at: float | None = None
+    superseded_by: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.superseded_at is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class FactWrite:
+    fact: Fact
+    action: str                          # added | reinforced | superseded
+    superseded: tuple[int, ...] = ()     # ids this write superseded
+    evicted: tuple[int, ...] = ()        # ids deleted to stay within capacity
+
+
+_COLUMNS = (
+    "id, user_id, content, category, confidence, source, visibility, chat_id, message_id, "
+    "created_at, updated_at, last_accessed, hit_count, superseded_at, superseded_by"
+)
+
+
+def _fact(row: Any) -> Fact:
+    return Fact(
+        id=row["id"], user_id=row["user_id"], content=row["content"], category=row["category"],
+        confidence=row["confidence"], source=row["source"], visibility=row["visibility"],
+        chat_id=row["chat_id"], message_id=row["message_id"], created_at=row["created_at"],
+        updated_at=row["updated_at"], last_accessed=row["last_accessed"],
+        hit_count=row["hit_count"], superseded_at=row["superseded_at"],
+        superseded_by=row["superseded_by"],
+    )
+
+
+# -- confidence -------------------------------------------------------------------------
+
+def strong_signals(user_text: str) -> list[str]:
+    """Names of the strong signals present in the user's words."""
+    if not user_text:
+        return []
+    return [name for name, pattern in STRONG_SIGNALS if pattern.search(user_text)]
+
+
+def initial_confidence(source: str, *, user_text: str = "", importance: float | None = None) -> float:
+    """The confidence a newly learned fact starts with (see the module docstring)."""
+    if source == "user_edit":
+        return USER_EDIT_CONFIDENCE
+    if source == "agent_proactive":
+        return PROACTIVE_CONFIDENCE
+    conf = EXTRACTED_CONFIDENCE
+    if importance is not None:
+        if importance >= 0.9:
+            conf = max(conf, STRONGEST_CONFIDENCE)
+        elif importance >= 0.7:
+            conf = max(conf, STRONG_CONFIDENCE)
+    n = len(strong_signals(user_text))
+    if n >= 2:
+        conf = max(conf, STRONGEST_CONFIDENCE)
+    elif n == 1:
+        conf = max(conf, STRONG_CONFIDENCE)
+    return conf
+
+
+def reinforced_confidence(old: float, new: float) -> float:
+    base = max(old, new)
+    return round(max(base, min(MAX_REINFORCED, base + REINFORCE_STEP)), 4)
+
+
+# -- matching ---------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Text:
+    norm: str
+    grams: set[str]
+    skeleton: str
+    skeleton_grams: set[str]
+    negated: bool
+    numbers: tuple[str, ...]
+    changed: bool = False
+
+
+def _negated(text: str) -> bool:
+    if _NEG_EN.search(text):
+        return True
+    return bool(_NEG_CN.search(_NEG_CN_NOT.sub("", text)))
+
+
+def _analyse(text: str, norm: str | None = None) -> _Text:
+    t = unicodedata.normalize("NFKC", text).casefold()
+    norm = normalise(text) if norm is None else norm
+    skel = _CHANGE_EN.sub(" ", t)
+    skel = _NEG_EN.sub(" ", skel)
+    # drop Chinese negations and change markers, but not inside words like 不错/非常/别人
+    parts = _NEG_CN_NOT.split(skel)
+    parts[::2] = [_PARTICLES.sub("", _CHANGE_CN.sub("", _NEG_CN.sub("", p))) for p in parts[::2]]
+    skel = normalise(_NUMBER.sub("#", "".join(parts)))
+    return _Text(
+        norm=norm,
+        grams=norm_bigrams(norm),
+        skeleton=skel,
+        skeleton_grams=norm_bigrams(skel),
+        negated=_negated(t),
+        numbers=tuple(_NUMBER.findall(t)),
+        changed=bool(_CHANGE_EN.search(t) or _CHANGE_CN.search(t)),
+    )
+
+
+SAME_FACT, CONTRADICTS, UNRELATED = "same", "contradicts", "unrelated"
+
+
+def relation(new: str, old: str, *, category: str = "knowledge") -> str:
+    """How a new fact text relates to an existing one: same / contradicts / unrelated."""
+    return _relation(_analyse(new), _analyse(old), category)[0]
+
+
+def _substituted(a: str, b: str) -> bool:
+    """True when turning ``a`` into ``b`` replaces something (not only adds or removes)."""
+    return any(op == "replace" for op, *_ in SequenceMatcher(None, a, b, autojunk=False).get_opcodes())
+
+
+def _relation(new: _Text, old: _Text, category: str) -> tuple[str, float]:
+    if new.norm == old.norm:
+        return SAME_FACT, 1.0
+    raw = dice(new.grams, old.grams)
+    skel = dice(new.skeleton_grams, old.skeleton_grams)
+    if new.negated != old.negated:
+        if skel >= SAME or (new.changed and skel >= RELATED):
+            return CONTRADICTS, skel
+        return UNRELATED, raw
+    if raw >= SAME or skel >= SAME:
+        if new.numbers != old.numbers or _substituted(old.skeleton, new.skeleton):
+            return CONTRADICTS, max(raw, skel)
+        return SAME_FACT, max(raw, skel)
+    if (category == "correction" or new.changed) and skel >= RELATED:
+        return CONTRADICTS, skel
+    return UNRELATED, raw
+
+
+# -- validation -------------------------------------------------------------------------
+
+def clean_content(content: str) -> str:
+    """One line, trimmed; ValueError (FactError) if empty, too long or a credential."""
+    if not isinstance(content, str):
+        raise FactError("fact content must be text")
+    text = " ".join(content.split())
+    if not text or not normalise(text):
+        raise FactError("fact content is empty")
+    if len(text) > MAX_CONTENT_CHARS:
+        raise FactError(f"fact is too long ({len(text)} characters, at most {MAX_CONTENT_CHARS}); state it in one short sentence")
+    if looks_like_secret(text):
+        raise FactError("refused: this looks like a password, key or token; credentials are never stored in memory")
+    return text
+
+
+def _check_category(category: str) -> str:
+    if category not in CATEGORIES:
+        raise FactError(f"unknown category {category!r}; use one of: {', '.join(CATEGORIES)}")
+    return category
+
+
+def _check_confidence(confidence: float) -> float:
+    try:
+        value = float(confidence)
+    except (TypeError, ValueError):
+        raise FactError(f"confidence must be a number between 0 and 1, not {confidence!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise FactError(f"confidence must be between 0 and 1, not {value}")
+    return round(value, 4)
+
+
+class FactStore:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.db = db
+        self.capacity = capacity
+        self.clock = clock
+
+    # -- writing ----------------------------------------------------------------------
+    async def add(
+        self,
+        scope: Scope,
+        content: str,
+        category: str,
+        *,
+        source: str,
+        confidence: float | None = None,
+        user_text: str = "",
+        importance: float | None = None,
+    ) -> FactWrite:
+        """Learn a fact for ``scope.user_id``: add, reinforce, and/or supersede (module docs)."""
+        if not scope.user_id:
+            raise FactError("no user to store the fact for")
+        text = clean_content(content)
+        _check_category(category)
+        if source not in SOURCES:
+            raise FactError(f"unknown source {source!r}; use one of: {', '.join(SOURCES)}")
+        if confidence is not None:
+            conf = _check_confidence(confidence)
+        else:
+            conf = initial_confidence(source, user_text=user_text, importance=importance)
+        visibility = "shared" if source == "user_edit" else scope.new_visibility
+        new = _analyse(text)
+        now = self.clock()
+        user = scope.user_id
+
+        async with self.db.transaction() as tx:
+            cur = await tx.execute(
+                "SELECT id, norm, content, confidence FROM facts "
+                "WHERE user_id = ? AND superseded_at IS NULL",
+                (user,),
+            )
+            rows = await cur.fetchall()
+            await cur.close()
+
+            same: list[tuple[float, float, int]] = []
+            contradicted: list[int] = []
+            for row in rows:
+                kind, score = _relation(new, _analyse(row["content"], row["norm"]), category)
+                if kind == SAME_FACT:
+                    same.append((score, row["confidence"], row["id"]))
+                elif kind == CONTRADICTS:
+                    contradicted.append(row["id"])
+
+            evicted: tuple[int, ...] = ()
+            if same:
+                target_id = max(same)[2]
+                old = await self._row(tx, user, target_id)
+                assert old is not None
+                new_conf = reinforced_confidence(old["confidence"], conf)
+                new_source = source if _AUTHORITY[source] > _AUTHORITY[old["source"]] else old["source"]
+                new_vis = "shared" if visibility == "shared" else old["visibility"]
+                chat_id, message_id = old["chat_id"], old["message_id"]
+                if scope.message_id or scope.chat_id:
+                    chat_id, message_id = scope.chat_id, scope.message_id
+                await tx.execute(
+                    "UPDATE facts SET confidence = ?, source = ?, visibility = ?, chat_id = ?, "
+                    "message_id = ?, hit_count = hit_count + 1, last_accessed = ?, updated_at = ? "
+                    "WHERE user_id = ? AND id = ?",
+                    (new_conf, new_source, new_vis, chat_id, message_id, now, now, user, target_id),
+                )
+                fact_id, action = target_id, "reinforced"
+            else:
+                cur = await tx.execute(
+                    "INSERT INTO facts(user_id, content, norm, category, confidence, source, "
+                    "visibility, chat_id, message_id, created_at, updated_at, last_accessed, hit_count) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                    (user, text, new.norm, category, conf, source, visibility,
+                     scope.chat_id, scope.message_id, now, now, now),
+                )
+                fact_id = int(cur.lastrowid)
+                await cur.close()
+                action = "superseded" if contradicted else "added"
+
+            contradicted = [i for i in contradicted if i != fact_id]
+            if contradicted:
+                marks = ",".join("?" * len(contradicted))
+                await tx.execute(
+                    f"UPDATE facts SET superseded_at = ?, superseded_by = ?, updated_at = ? "
+                    f"WHERE user_id = ? AND superseded_at IS NULL AND id IN ({marks})",
+                    (now, fact_id, now, user, *contradicted),
+                )
+            if action != "reinforced":
+                evicted = await self._evict(tx, user, keep=fact_id)
+            row = await self._row(tx, user, fact_id)
+        assert row is not None
+        return FactWrite(_fact(row), action, tuple(contradicted), evicted)
+
+    async def _evict(self, tx: Any, user_id: str, *, keep: int) -> tuple[int, ...]:
+        cur = await tx.execute(
+            "SELECT COUNT(*) FROM facts WHERE user_id = ? AND superseded_at IS NULL", (user_id,)
+        )
+        (active,) = await cur.fetchone()
+        await cur.close()
+        excess = active - self.capacity
+        if excess <= 0:
+            return ()
+        cur = await tx.execute(
+            "SELECT id FROM facts WHERE user_id = ? AND superseded_at IS NULL AND id != ? "
+            "ORDER BY confidence ASC, last_accessed ASC, id ASC LIMIT ?",
+            (user_id, keep, excess),
+        )
+        ids = tuple(r[0] for r in await cur.fetchall())
+        await cur.close()
+        if ids:
+            marks = ",".join("?" * len(ids))
+            await tx.execute(f"DELETE FROM facts WHERE user_id = ? AND id IN ({marks})", (user_id, *ids))
+        return ids
+
+    @staticmethod
+    async def _row(conn: Any, user_id: str, fact_id: int) -> Any:
+        cur = await conn.execute(
+            f"SELECT {_COLUMNS}, norm FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)
+        )
+        try:
+            return await cur.fetchone()
+        finally:
+            await cur.close()
+
+    async def update(
+        self,
+        user_id: str,
+        fact_id: int,
+        *,
+        content: str | None = None,
+        category: str | None = None,
+        confidence: float | None = None,
+        visibility: str | None = None,
+    ) -> Fact | None:
+        """The user's own edit (console): in place, source becomes ``user_edit``.
+
+        New content without an explicit confidence sets confidence to 1.0 (the user said so).
+        Returns None when the user has no such fact.
+        """
+        sets: dict[str, Any] = {}
+        if content is not None:
+            text = clean_content(content)
+            sets.update(content=text, norm=normalise(text))
+            if confidence is None:
+                sets["confidence"] = USER_EDIT_CONFIDENCE
+        if category is not None:
+            sets["category"] = _check_category(category)
+        if confidence is not None:
+            sets["confidence"] = _check_confidence(confidence)
+        if visibility is not None:
+            if visibility not in VISIBILITIES:
+                raise FactError(f"unknown visibility {visibility!r}; use private or shared")
+            sets["visibility"] = visibility
+        if not sets:
+            return await self.get(user_id, fact_id)
+        sets.update(source="user_edit", updated_at=self.clock())
+        assignments = ", ".join(f"{k} = ?" for k in sets)
+        async with self.db.transaction() as tx:
+            cur = await tx.execute(
+                f"UPDATE facts SET {assignments} WHERE user_id = ? AND id = ?",
+                (*sets.values(), user_id, fact_id),
+            )
+            changed = cur.rowcount
+            await cur.close()
+            row = await self._row(tx, user_id, fact_id) if changed else None
+        return _fact(row) if row else None
+
+    async def delete(self, user_id: str, fact_id: int) -> bool:
+        async with self.db.transaction() as tx:
+            cur = await tx.execute("DELETE FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id))
+            n = cur.rowcount
+            await cur.close()
+        return n > 0
+
+    async def delete_all(self, user_id: str) -> int:
+        """Every fact of the user, superseded history included."""
+        async with self.db.transaction() as tx:
+            cur = await tx.execute("DELETE FROM facts WHERE user_id = ?", (user_id,))
+            n = cur.rowcount
+            await cur.close()
+        return n
+
+    # -- reading ----------------------------------------------------------------------
+    async def top(self, scope: Scope, k: int = 15, *, touch: bool = True) -> list[Fact]:
+        """The facts to inject for this request (module docs); fast path uses k=5."""
+        if k <= 0 or not scope.user_id:
+            return []
+        rows = await self.db.fetchall(
+            f"SELECT {_COLUMNS} FROM facts "
+            f"WHERE user_id = ? AND superseded_at IS NULL AND confidence >= ? AND {scope.visible_sql()} "
+            f"ORDER BY confidence DESC, last_accessed DESC, id ASC LIMIT ?",
+            (scope.user_id, MIN_CONFIDENCE, int(k)),
+        )
+        facts = [_fact(r) for r in rows]
+        if touch and facts:
+            now = self.clock()
+            marks = ",".join("?" * len(facts))
+            await self.db.execute(
+                f"UPDATE facts SET last_accessed = ? WHERE user_id = ? AND id IN ({marks})",
+                (now, scope.user_id, *(f.id for f in facts)),
+            )
+            facts = [replace(f, last_accessed=now) for f in facts]
+        return facts
+
+    async def get(self, user_id: str, fact_id: int) -> Fact | None:
+        row = await self.db.fetchone(
+            f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)
+        )
+        return _fact(row) if row else None
+
+    async def list(self, user_id: str, *, include_superseded: bool = False) -> list[Fact]:
+        """Active facts by rank; with history, superseded ones follow, newest first."""
+        active = [
+            _fact(r)
+            for r in await self.db.fetchall(
+                f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND superseded_at IS NULL "
+                "ORDER BY confidence DESC, last_accessed DESC, id ASC",
+                (user_id,),
+            )
+        ]
+        if not include_superseded:
+            return active
+        history = await self.db.fetchall(
+            f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND superseded_at IS NOT NULL "
+            "ORDER BY superseded_at DESC, id DESC",
+            (user_id,),
+        )
+        return active + [_fact(r) for r in history]
+
+    async def count(self, user_id: str, *, include_superseded: bool = False) -> int:
+        sql = "SELECT COUNT(*) AS n FROM facts WHERE user_id = ?"
+        if not include_superseded:
+            sql += " AND superseded_at IS NULL"
+        row = await self.db.fetchone(sql, (user_id,))
+        return int(row["n"]) if row else 0

@@ -1,0 +1,555 @@
+"""Layer 2: the working-memory window over one session's stored messages.
+
+A *turn* is one user message and the assistant message(s) stored after it, up to
+the next user message. Per session (``consolidation_state``):
+
+- ``compressed_upto``: last message id folded into a warm summary. Turns after it
+  are *uncompressed*; the last ``hot_size`` of them are the **hot zone** (replayed
+  verbatim), older uncompressed ones are *pending* (waiting for compression).
+- Once the *complete* uncompressed turns reach ``hot_size + compress_batch``, the
+  oldest ``compress_batch`` turns are compressed into one **warm** row
+  (``warm_summaries``). Only complete turns count (a user message the bot is
+  still answering is not one), so compression never touches the turns the
+  next request replays.
+- ``warm_turns`` counts turns absorbed into warm since the last extraction; once
+  it reaches ``warm_capacity``, facts are extracted from those turns
+  (``extracted_upto``) and the warm rows fold into ``rolling_summary``.
+
+Reads here are bounded, indexed queries (``messages_session(session_id, id)``
+scanned backwards with a LIMIT): the whole session is never loaded. Writes
+(``commit_*``) are single ``BEGIN IMMEDIATE`` transactions with an optimistic
+check on the recorded progress, so a stale or duplicated job cannot compress
+twice. The consolidation queue drives them; nothing here calls a model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from memory.db import Database
+
+REPLAY_CAP = 4000                   # chars per replayed stored message
+TRUNCATED = "…(truncated)"
+LONG_TERM_TAG = "[长期记忆]"
+SUMMARY_TAG = "[对话摘要]"
+ACK = "好的。"
+GROUP_CHAT_TYPES = frozenset({"group"})
+_MAX_ID = 2**63 - 1
+
+
+class StaleWork(RuntimeError):
+    """The recorded progress moved since the work was derived (someone else did it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    hot_size: int = 10          # turns replayed verbatim
+    compress_batch: int = 5     # turns per warm summary
+    warm_capacity: int = 20     # warm turns absorbed before cold extraction + fold
+
+    def __post_init__(self) -> None:
+        if self.hot_size < 1 or self.compress_batch < 1 or self.warm_capacity < 1:
+            raise ValueError("MemoryConfig sizes must be >= 1")
+
+
+@dataclass(slots=True)
+class Message:
+    id: int
+    role: str
+    content: str
+    sender_id: str = ""
+    sender_name: str = ""
+    lark_message_id: str = ""
+
+
+@dataclass(slots=True)
+class Turn:
+    """One user message and the assistant answer(s) after it."""
+
+    user: Message | None
+    assistant: list[Message] = field(default_factory=list)
+
+    @property
+    def first_id(self) -> int:
+        return self.user.id if self.user else self.assistant[0].id
+
+    @property
+    def last_id(self) -> int:
+        return self.assistant[-1].id if self.assistant else self.user.id  # type: ignore[union-attr]
+
+    @property
+    def user_text(self) -> str:
+        return self.user.content if self.user else ""
+
+    @property
+    def assistant_text(self) -> str:
+        return "\n\n".join(m.content for m in self.assistant if m.content)
+
+    @property
+    def sender_id(self) -> str:
+        return self.user.sender_id if self.user else ""
+
+    @property
+    def sender_name(self) -> str:
+        return self.user.sender_name if self.user else ""
+
+    @property
+    def answered(self) -> bool:
+        return bool(self.assistant)
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    compressed_upto: int = 0
+    extracted_upto: int = 0
+    rolling_summary: str = ""
+    warm_turns: int = 0
+    episode_upto: int = 0
+    failures: int = 0
+    next_attempt_at: float = 0.0
+    last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Consolidation due for a session: messages in (after_id, upto_id]."""
+
+    session_id: str
+    kind: str           # "compress" | "extract"
+    after_id: int
+    upto_id: int
+    turns: int
+
+
+@dataclass(frozen=True, slots=True)
+class WarmSummary:
+    id: int
+    first_msg_id: int
+    last_msg_id: int
+    turns: int
+    summary: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMeta:
+    id: str
+    conv_key: str
+    chat_id: str
+    thread_id: str
+    chat_type: str
+    closed_at: float | None
+
+    @property
+    def is_group(self) -> bool:
+        return self.chat_type in GROUP_CHAT_TYPES
+
+
+@dataclass(frozen=True, slots=True)
+class ContextView:
+    """What the next request would carry, for the console's memory panel."""
+
+    long_term: str              # rolling summary ([长期记忆])
+    summary: str                # unfolded warm summaries ([对话摘要])
+    hot_turns: list[Turn]       # replayed verbatim
+    pending: int                # uncompressed turns older than the hot zone
+    warm_turns: int = 0         # turns absorbed into warm since the last extraction
+    warm_rows: int = 0
+
+
+def cap(text: str, limit: int = REPLAY_CAP) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + "\n" + TRUNCATED
+
+
+def label(text: str, name: str) -> str:
+    return f"[{name}] {text}" if name else text
+
+
+class WorkingMemory:
+    def __init__(self, db: Database, sessions: Any = None, config: MemoryConfig | None = None) -> None:
+        self.db = db
+        self.sessions = sessions
+        self.config = config or MemoryConfig()
+
+    # -- state -------------------------------------------------------------------
+    async def state(self, session_id: str) -> State:
+        row = await self.db.fetchone(
+            "SELECT compressed_upto, extracted_upto, rolling_summary, warm_turns, episode_upto,"
+            " failures, next_attempt_at, last_error FROM consolidation_state WHERE session_id = ?",
+            (session_id,),
+        )
+        if row is None:
+            return State()
+        return State(
+            compressed_upto=row["compressed_upto"],
+            extracted_upto=row["extracted_upto"],
+            rolling_summary=row["rolling_summary"],
+            warm_turns=row["warm_turns"],
+            episode_upto=row["episode_upto"],
+            failures=row["failures"],
+            next_attempt_at=row["next_attempt_at"],
+            last_error=row["last_error"],
+        )
+
+    async def session(self, session_id: str) -> SessionMeta | None:
+        row = await self.db.fetchone(
+            "SELECT id, conv_key, chat_id, thread_id, chat_type, closed_at FROM sessions WHERE id = ?",
+            (session_id,),
+        )
+        if row is None:
+            return None
+        return SessionMeta(row["id"], row["conv_key"], row["chat_id"], row["thread_id"],
+                           row["chat_type"], row["closed_at"])
+
+    async def warm(self, session_id: str, *, upto_id: int | None = None) -> list[WarmSummary]:
+        """Unfolded warm rows in order (optionally only those ending at or before upto_id)."""
+        rows = await self.db.fetchall(
+            "SELECT id, first_msg_id, last_msg_id, turns, summary, model FROM warm_summaries"
+            " WHERE session_id = ? AND folded = 0 AND last_msg_id <= ? ORDER BY id",
+            (session_id, _MAX_ID if upto_id is None else upto_id),
+        )
+        return [WarmSummary(r["id"], r["first_msg_id"], r["last_msg_id"], r["turns"], r["summary"], r["model"])
+                for r in rows]
+
+    async def last_message(self, session_id: str) -> Message | None:
+        row = await self.db.fetchone(
+            "SELECT id, role, content, sender_id, sender_name, lark_message_id FROM messages"
+            " WHERE session_id = ? ORDER BY id DESC LIMIT 1",
+            (session_id,),
+        )
+        return _message(row) if row else None
+
+    # -- reading turns (bounded) ---------------------------------------------------
+    async def _user_ids_desc(self, session_id: str, after_id: int, before_id: int, limit: int) -> list[int]:
+        rows = await self.db.fetchall(
+            "SELECT id FROM messages WHERE session_id = ? AND id > ? AND id < ? AND role = 'user'"
+            " AND tool_call_id IS NULL ORDER BY id DESC LIMIT ?",
+            (session_id, after_id, before_id, limit),
+        )
+        return [r["id"] for r in rows]
+
+    async def _user_ids_asc(self, session_id: str, after_id: int, limit: int) -> list[int]:
+        rows = await self.db.fetchall(
+            "SELECT id FROM messages WHERE session_id = ? AND id > ? AND role = 'user'"
+            " AND tool_call_id IS NULL ORDER BY id LIMIT ?",
+            (session_id, after_id, limit),
+        )
+        return [r["id"] for r in rows]
+
+    async def turns(self, session_id: str, after_id: int, upto_id: int) -> list[Turn]:
+        """Turns made of the messages in (after_id, upto_id]."""
+        return await self._turns_in(session_id, after_id, upto_id + 1)
+
+    async def _turns_in(self, session_id: str, after_id: int, before_id: int) -> list[Turn]:
+        rows = await self.db.fetchall(
+            "SELECT id, role, content, sender_id, sender_name, lark_message_id, tool_call_id FROM messages"
+            " WHERE session_id = ? AND id > ? AND id < ? ORDER BY id",
+            (session_id, after_id, before_id),
+        )
+        turns: list[Turn] = []
+        for row in rows:
+            msg = _message(row)
+            if msg.role == "user" and row["tool_call_id"] is None:
+                turns.append(Turn(user=msg))
+            elif msg.role == "assistant":
+                if not turns:
+                    turns.append(Turn(user=None))
+                turns[-1].assistant.append(msg)
+        return turns
+
+    async def _current_boundary(self, session_id: str, before_message_id: int | None) -> int:
+        """Exclusive upper bound of replayable history.
+
+        With ``before_message_id`` (the stored current message) everything before it;
+        without, a trailing unanswered user message is taken to be the current input
+        (the caller stores it first) and left out, so it never appears twice.
+        """
+        if before_message_id is not None:
+            return before_message_id
+        last = await self.last_message(session_id)
+        if last is not None and last.role == "user":
+            return last.id
+        return _MAX_ID
+
+    async def hot_turns(self, session_id: str, *, before_message_id: int | None = None,
+                        state: State | None = None, limit: int | None = None) -> list[Turn]:
+        """The last ``limit`` (default ``hot_size``) uncompressed turns before the boundary."""
+        state = state or await self.state(session_id)
+        boundary = await self._current_boundary(session_id, before_message_id)
+        ids = await self._user_ids_desc(session_id, state.compressed_upto, boundary,
+                                        limit or self.config.hot_size)
+        if not ids:
+            return []
+        return await self._turns_in(session_id, min(ids) - 1, boundary)
+
+    # -- the request context ---------------------------------------------------------
+    async def build_context(
+        self,
+        session_id: str,
+        current_input: str | list[dict[str, Any]],
+        *,
+        before_message_id: int | None = None,
+        speaker_name: str = "",
+    ) -> list[dict[str, Any]]:
+        """Anthropic messages in the spec's shape:
+
+        ``[长期记忆]`` pair (rolling summary), ``[对话摘要]`` pair (unfolded warm
+        summaries), the hot turns (roles alternating; consecutive same-role
+        messages merged), then ``current_input``. Pass ``before_message_id`` = the
+        stored current message's id (or leave it None when it is the session's last
+        message); in group sessions, ``speaker_name`` labels the current input the
+        way replayed user messages are labelled (``[Alice] text``).
+        """
+        state = await self.state(session_id)
+        meta = await self.session(session_id)
+        group = bool(meta and meta.is_group)
+        messages: list[dict[str, Any]] = []
+        if state.rolling_summary.strip():
+            messages += [
+                {"role": "user", "content": f"{LONG_TERM_TAG}\n{state.rolling_summary.strip()}"},
+                {"role": "assistant", "content": ACK},
+            ]
+        warm = await self.warm(session_id)
+        if warm:
+            joined = "\n\n".join(w.summary.strip() for w in warm if w.summary.strip())
+            if joined:
+                messages += [
+                    {"role": "user", "content": f"{SUMMARY_TAG}\n{joined}"},
+                    {"role": "assistant", "content": ACK},
+                ]
+        for turn in await self.hot_turns(session_id, before_message_id=before_message_id, state=state):
+            if turn.user is not None and turn.user.content:
+                text = cap(turn.user.content)
+                _push(messages, "user", label(text, turn.sender_name or turn.sender_id) if group else text)
+            for a in turn.assistant:
+                if a.content:
+                    _push(messages, "assistant", cap(a.content))
+        current: str | list[dict[str, Any]] = current_input
+        if group and speaker_name:
+            current = _label_input(current_input, speaker_name)
+        _push(messages, "user", current)
+        # The API wants the first message from the user; hot turns always start with one,
+        # but a session that begins with an assistant message must not break the request.
+        while messages and messages[0]["role"] != "user":
+            messages.pop(0)
+        return messages
+
+    async def view(self, session_id: str) -> ContextView:
+        state = await self.state(session_id)
+        warm = await self.warm(session_id)
+        hot = await self.hot_turns(session_id, before_message_id=_MAX_ID, state=state)
+        row = await self.db.fetchone(
+            "SELECT COUNT(*) AS n FROM (SELECT 1 FROM messages WHERE session_id = ? AND id > ?"
+            " AND role = 'user' AND tool_call_id IS NULL LIMIT 10000)",
+            (session_id, state.compressed_upto),
+        )
+        return ContextView(
+            long_term=state.rolling_summary,
+            summary="\n\n".join(w.summary for w in warm),
+            hot_turns=hot,
+            pending=max(0, int(row["n"]) - len(hot)),
+            warm_turns=state.warm_turns,
+            warm_rows=len(warm),
+        )
+
+    # -- what consolidation is due (pure read) ------------------------------------------
+    async def due(self, session_id: str) -> Work | None:
+        cfg = self.config
+        state = await self.state(session_id)
+        if state.warm_turns >= cfg.warm_capacity:
+            return Work(session_id, "extract", state.extracted_upto, state.compressed_upto, state.warm_turns)
+        threshold = cfg.hot_size + cfg.compress_batch
+        ids = await self._user_ids_asc(session_id, state.compressed_upto, threshold + 1)
+        complete = len(ids)
+        if complete <= threshold:
+            last = await self.last_message(session_id)
+            if ids and last is not None and last.id == ids[-1]:
+                complete -= 1           # the bot is still answering it
+        if complete < threshold:
+            return None
+        next_user = ids[cfg.compress_batch]
+        row = await self.db.fetchone(
+            "SELECT MAX(id) AS m FROM messages WHERE session_id = ? AND id < ?", (session_id, next_user)
+        )
+        return Work(session_id, "compress", state.compressed_upto, int(row["m"]), cfg.compress_batch)
+
+    async def unextracted(self, session_id: str) -> tuple[int, int] | None:
+        """(extracted_upto, last message id) when messages after extracted_upto exist."""
+        state = await self.state(session_id)
+        last = await self.last_message(session_id)
+        if last is None or last.id <= state.extracted_upto:
+            return None
+        return state.extracted_upto, last.id
+
+    # -- committing consolidation (one transaction each) ---------------------------------
+    async def commit_compression(self, work: Work, summary: str, *, model: str, first_msg_id: int) -> None:
+        now = time.time()
+        async with self.db.transaction() as tx:
+            await _ensure_state(tx, work.session_id, now)
+            cur = await tx.execute(
+                "SELECT compressed_upto FROM consolidation_state WHERE session_id = ?", (work.session_id,)
+            )
+            row = await cur.fetchone()
+            if row["compressed_upto"] != work.after_id:
+                raise StaleWork(f"{work.session_id}: compressed_upto moved to {row['compressed_upto']}")
+            await tx.execute(
+                "INSERT INTO warm_summaries(session_id, first_msg_id, last_msg_id, turns, summary, model,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (work.session_id, first_msg_id, work.upto_id, work.turns, summary, model, now),
+            )
+            await tx.execute(
+                "UPDATE consolidation_state SET compressed_upto = ?, warm_turns = warm_turns + ?,"
+                " failures = 0, next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
+                (work.upto_id, work.turns, now, work.session_id),
+            )
+
+    async def commit_extraction(
+        self,
+        session_id: str,
+        *,
+        after_id: int,
+        upto_id: int,
+        writes: Sequence[tuple[str, str, dict[str, Any]]],
+        rolling_summary: str | None = None,
+        fold_upto: int | None = None,
+        reset_warm: bool = True,
+    ) -> None:
+        """Record an extraction: pending writes + extracted_upto (+ optional fold), atomically.
+
+        ``writes`` are (kind, user_id, payload) rows applied afterwards by the queue.
+        With ``rolling_summary``, warm rows ending at or before ``fold_upto`` are marked
+        folded and the rolling summary replaced.
+        """
+        now = time.time()
+        async with self.db.transaction() as tx:
+            await _ensure_state(tx, session_id, now)
+            cur = await tx.execute(
+                "SELECT extracted_upto FROM consolidation_state WHERE session_id = ?", (session_id,)
+            )
+            row = await cur.fetchone()
+            if row["extracted_upto"] != after_id:
+                raise StaleWork(f"{session_id}: extracted_upto moved to {row['extracted_upto']}")
+            for kind, user_id, payload in writes:
+                await tx.execute(
+                    "INSERT INTO consolidation_writes(session_id, kind, user_id, payload, created_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (session_id, kind, user_id, json.dumps(payload, ensure_ascii=False), now),
+                )
+            if rolling_summary is not None:
+                await tx.execute(
+                    "UPDATE warm_summaries SET folded = 1 WHERE session_id = ? AND folded = 0 AND last_msg_id <= ?",
+                    (session_id, fold_upto if fold_upto is not None else upto_id),
+                )
+                await tx.execute(
+                    "UPDATE consolidation_state SET rolling_summary = ? WHERE session_id = ?",
+                    (rolling_summary, session_id),
+                )
+            await tx.execute(
+                "UPDATE consolidation_state SET extracted_upto = MAX(extracted_upto, ?),"
+                + (" warm_turns = 0," if reset_warm else "")
+                + " failures = 0, next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
+                (upto_id, now, session_id),
+            )
+
+    async def pending_writes(self, session_id: str) -> list[tuple[int, str, str, dict[str, Any]]]:
+        rows = await self.db.fetchall(
+            "SELECT id, kind, user_id, payload FROM consolidation_writes WHERE session_id = ? ORDER BY id",
+            (session_id,),
+        )
+        return [(r["id"], r["kind"], r["user_id"], json.loads(r["payload"])) for r in rows]
+
+    async def done_write(self, write_id: int) -> None:
+        await self.db.execute("DELETE FROM consolidation_writes WHERE id = ?", (write_id,))
+
+    async def mark_episode(self, session_id: str, upto_id: int) -> None:
+        now = time.time()
+        async with self.db.transaction() as tx:
+            await _ensure_state(tx, session_id, now)
+            await tx.execute(
+                "UPDATE consolidation_state SET episode_upto = MAX(episode_upto, ?), failures = 0,"
+                " next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
+                (upto_id, now, session_id),
+            )
+
+    async def record_failure(self, session_id: str, error: str, *, base: float, cap_s: float,
+                             now: float | None = None) -> float:
+        """failures += 1, next_attempt_at = now + min(cap, base * 2**(failures-1)); returns the delay."""
+        now = time.time() if now is None else now
+        async with self.db.transaction() as tx:
+            await _ensure_state(tx, session_id, now)
+            cur = await tx.execute("SELECT failures FROM consolidation_state WHERE session_id = ?", (session_id,))
+            failures = (await cur.fetchone())["failures"] + 1
+            delay = min(cap_s, base * (2 ** (failures - 1)))
+            await tx.execute(
+                "UPDATE consolidation_state SET failures = ?, next_attempt_at = ?, last_error = ?,"
+                " updated_at = ? WHERE session_id = ?",
+                (failures, now + delay, error[:500], now, session_id),
+            )
+        return delay
+
+    # -- recovery ------------------------------------------------------------------------------
+    async def sessions_needing_work(self) -> list[str]:
+        """Sessions that may have consolidation, pending writes or an episode due (superset;
+        the queue re-derives exactly what with ``due``)."""
+        rows = await self.db.fetchall(
+            """
+            SELECT s.id FROM sessions s
+            LEFT JOIN consolidation_state c ON c.session_id = s.id
+            WHERE (s.closed_at IS NULL AND EXISTS (
+                      SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.id > COALESCE(c.compressed_upto, 0)))
+               OR (COALESCE(c.warm_turns, 0) > 0)
+               OR (s.closed_at IS NOT NULL AND EXISTS (
+                      SELECT 1 FROM messages m WHERE m.session_id = s.id AND m.id > COALESCE(c.episode_upto, 0)))
+               OR EXISTS (SELECT 1 FROM consolidation_writes w WHERE w.session_id = s.id)
+            ORDER BY s.updated_at
+            """
+        )
+        return [r["id"] for r in rows]
+
+
+def _message(row: Any) -> Message:
+    return Message(
+        id=row["id"], role=row["role"], content=row["content"] or "",
+        sender_id=row["sender_id"] or "", sender_name=row["sender_name"] or "",
+        lark_message_id=row["lark_message_id"] or "",
+    )
+
+
+def _push(messages: list[dict[str, Any]], role: str, content: str | list[dict[str, Any]]) -> None:
+    """Append, merging with the previous message when it has the same role."""
+    if messages and messages[-1]["role"] == role:
+        prev = messages[-1]["content"]
+        if isinstance(prev, str) and isinstance(content, str):
+            messages[-1]["content"] = prev + "\n\n" + content
+        else:
+            messages[-1]["content"] = _blocks(prev) + _blocks(content)
+        return
+    messages.append({"role": role, "content": content})
+
+
+def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content)
+
+
+def _label_input(content: str | list[dict[str, Any]], name: str) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return label(content, name)
+    blocks = list(content)
+    for i, b in enumerate(blocks):
+        if b.get("type") == "text":
+            blocks[i] = {**b, "text": label(b.get("text", ""), name)}
+            return blocks
+    return [{"type": "text", "text": f"[{name}]"}] + blocks
+
+
+async def _ensure_state(tx: Any, session_id: str, now: float) -> None:
+    await tx.execute(
+        "INSERT OR IGNORE INTO consolidation_state(session_id, updated_at) VALUES (?, ?)", (session_id, now)
+    )

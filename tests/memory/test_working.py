@@ -1,0 +1,212 @@
+"""Layer 2 window: hot / pending / warm / rolling, the request context's exact shape,
+and what consolidation is due — read from the database, no model involved."""
+
+from __future__ import annotations
+
+import pytest
+
+from memory.scope import Scope
+from memory.sessions import SessionStore
+from memory.working import (
+    ACK, LONG_TERM_TAG, SUMMARY_TAG, TRUNCATED, MemoryConfig, WorkingMemory,
+)
+
+SMALL = MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=4)
+
+
+class Convo:
+    """A conversation written through the real SessionStore."""
+
+    def __init__(self, sessions: SessionStore, *, chat_id: str = "oc_p2p", chat_type: str = "p2p") -> None:
+        self.sessions = sessions
+        self.chat_id = chat_id
+        self.chat_type = chat_type
+        self.session_id = ""
+        self.n = 0
+
+    def scope(self, user_id: str = "ou_alice") -> Scope:
+        self.n += 1
+        return Scope(user_id=user_id, chat_id=self.chat_id, chat_type=self.chat_type,
+                     message_id=f"om_{self.chat_id}_{self.n}")
+
+    async def user(self, text: str, *, user_id: str = "ou_alice", name: str = "Alice"):
+        scope = self.scope(user_id)
+        res = await self.sessions.append_user(scope, text, sender_name=name, lark_message_id=scope.message_id)
+        self.session_id = res.session.id
+        return res.message
+
+    async def bot(self, text: str):
+        return await self.sessions.append_assistant(self.session_id, text)
+
+    async def turns(self, n: int, *, start: int = 1, **who) -> None:
+        for i in range(start, start + n):
+            await self.user(f"q{i}", **who)
+            await self.bot(f"a{i}")
+
+
+@pytest.fixture
+async def sessions(db):
+    return SessionStore(db)
+
+
+@pytest.fixture
+async def convo(sessions):
+    return Convo(sessions)
+
+
+def wm(db, sessions, config=SMALL) -> WorkingMemory:
+    return WorkingMemory(db, sessions, config)
+
+
+def texts(messages):
+    return [(m["role"], m["content"]) for m in messages]
+
+
+async def test_hot_zone_is_last_hot_size_turns_and_current_input_once(db, sessions, convo):
+    w = wm(db, sessions)
+    await convo.turns(5)
+    current = await convo.user("now")          # the caller stores the message first
+    ctx = await w.build_context(convo.session_id, "now", before_message_id=current.id)
+    assert texts(ctx) == [
+        ("user", "q3"), ("assistant", "a3"), ("user", "q4"), ("assistant", "a4"),
+        ("user", "q5"), ("assistant", "a5"), ("user", "now"),
+    ]
+    # without the id, the trailing unanswered user message is taken as the current input
+    assert await w.build_context(convo.session_id, "now") == ctx
+
+
+async def test_empty_session_context_is_just_the_input(db, sessions, convo):
+    w = wm(db, sessions)
+    m = await convo.user("hello")
+    blocks = [{"type": "text", "text": "hello"}, {"type": "image", "source": {"type": "url", "url": "x"}}]
+    assert await w.build_context(convo.session_id, blocks, before_message_id=m.id) == [
+        {"role": "user", "content": blocks}
+    ]
+
+
+async def test_pairs_come_first_in_spec_shape(db, sessions, convo):
+    w = wm(db, sessions)
+    await convo.turns(7)
+    work = await w.due(convo.session_id)
+    assert work is not None and work.kind == "compress" and work.turns == 2
+    turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
+    assert [t.user_text for t in turns] == ["q1", "q2"]
+    await w.commit_compression(work, "S1: q1 q2", model="m", first_msg_id=turns[0].first_id)
+    await db.execute("UPDATE consolidation_state SET rolling_summary = 'LONG' WHERE session_id = ?",
+                     (convo.session_id,))
+    ctx = await w.build_context(convo.session_id, "now")
+    assert ctx[:4] == [
+        {"role": "user", "content": f"{LONG_TERM_TAG}\nLONG"},
+        {"role": "assistant", "content": ACK},
+        {"role": "user", "content": f"{SUMMARY_TAG}\nS1: q1 q2"},
+        {"role": "assistant", "content": ACK},
+    ]
+    # hot = last 3 turns; q3, q4 are pending compression (not replayed)
+    assert texts(ctx[4:]) == [("user", "q5"), ("assistant", "a5"), ("user", "q6"), ("assistant", "a6"),
+                              ("user", "q7"), ("assistant", "a7"), ("user", "now")]
+    view = await w.view(convo.session_id)
+    assert view.long_term == "LONG" and view.summary == "S1: q1 q2"
+    assert [t.user_text for t in view.hot_turns] == ["q5", "q6", "q7"] and view.pending == 2
+
+
+async def test_group_turns_are_labelled_and_roles_alternate(db, sessions):
+    w = wm(db, sessions)
+    c = Convo(sessions, chat_id="oc_group", chat_type="group")
+    await c.user("hi all", user_id="ou_alice", name="Alice")
+    await c.bot("hello Alice")
+    await c.user("me too", user_id="ou_bob", name="Bob")      # unanswered (failed reply)
+    await c.user("and me", user_id="ou_carol", name="Carol")
+    await c.bot("hello both")
+    ctx = await w.build_context(c.session_id, "what now?", speaker_name="Dave")
+    assert texts(ctx) == [
+        ("user", "[Alice] hi all"), ("assistant", "hello Alice"),
+        ("user", "[Bob] me too\n\n[Carol] and me"), ("assistant", "hello both"),
+        ("user", "[Dave] what now?"),
+    ]
+    roles = [m["role"] for m in ctx]
+    assert all(a != b for a, b in zip(roles, roles[1:]))
+
+
+async def test_unanswered_message_before_current_merges_into_it(db, sessions, convo):
+    w = wm(db, sessions)
+    await convo.turns(1)
+    await convo.user("lost question")          # the reply failed
+    cur = await convo.user("again?")
+    ctx = await w.build_context(convo.session_id, "again?", before_message_id=cur.id)
+    assert texts(ctx) == [("user", "q1"), ("assistant", "a1"), ("user", "lost question\n\nagain?")]
+
+
+async def test_replayed_messages_are_capped(db, sessions, convo):
+    w = wm(db, sessions)
+    await convo.user("x" * 10_000)
+    await convo.bot("y" * 5_000)
+    ctx = await w.build_context(convo.session_id, "next")
+    assert len(ctx[0]["content"]) < 4100 and ctx[0]["content"].endswith(TRUNCATED)
+    assert len(ctx[1]["content"]) < 4100 and ctx[1]["content"].endswith(TRUNCATED)
+
+
+async def test_due_counts_only_complete_turns(db, sessions, convo):
+    w = wm(db, sessions)                       # threshold: hot 3 + batch 2 = 5 complete turns
+    await convo.turns(4)
+    assert await w.due(convo.session_id) is None
+    await convo.user("q5")                     # being answered: not a complete turn yet
+    assert await w.due(convo.session_id) is None
+    await convo.bot("a5")
+    work = await w.due(convo.session_id)
+    assert work.kind == "compress" and work.after_id == 0
+    turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
+    assert [(t.user_text, t.assistant_text) for t in turns] == [("q1", "a1"), ("q2", "a2")]
+
+
+async def test_commit_is_atomic_and_never_twice(db, sessions, convo):
+    from memory.working import StaleWork
+
+    w = wm(db, sessions)
+    await convo.turns(5)
+    work = await w.due(convo.session_id)
+    await w.commit_compression(work, "S", model="m", first_msg_id=1)
+    with pytest.raises(StaleWork):
+        await w.commit_compression(work, "S again", model="m", first_msg_id=1)
+    rows = await db.fetchall("SELECT summary FROM warm_summaries WHERE session_id = ?", (convo.session_id,))
+    assert [r["summary"] for r in rows] == ["S"]
+    state = await w.state(convo.session_id)
+    assert state.compressed_upto == work.upto_id and state.warm_turns == 2
+    assert await w.due(convo.session_id) is None
+
+
+async def test_extraction_due_after_warm_capacity(db, sessions, convo):
+    w = wm(db, sessions)
+    await convo.turns(7)
+    for _ in range(2):
+        work = await w.due(convo.session_id)
+        assert work.kind == "compress"
+        turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
+        await w.commit_compression(work, f"S{turns[0].user_text}", model="m", first_msg_id=turns[0].first_id)
+        await convo.turns(2, start=100 + _ * 2)
+    work = await w.due(convo.session_id)
+    assert work.kind == "extract" and work.turns == 4 and work.after_id == 0
+    await w.commit_extraction(convo.session_id, after_id=0, upto_id=work.upto_id, writes=[],
+                              rolling_summary="ROLL", fold_upto=work.upto_id)
+    view = await w.view(convo.session_id)
+    assert view.long_term == "ROLL" and view.summary == "" and view.warm_turns == 0
+
+
+async def test_hot_window_query_is_bounded(db, sessions, convo):
+    """The hot window is read with an indexed, LIMITed query, not by loading the session."""
+    w = wm(db, sessions)
+    await convo.turns(3)
+    plan = await db.fetchall(
+        "EXPLAIN QUERY PLAN SELECT id FROM messages WHERE session_id = ? AND id > ? AND id < ? AND role = 'user'"
+        " AND tool_call_id IS NULL ORDER BY id DESC LIMIT ?", (convo.session_id, 0, 10**12, 3),
+    )
+    detail = " ".join(r["detail"] for r in plan)
+    assert "USING" in detail and "INDEX" in detail and "TEMP B-TREE" not in detail, detail
+
+
+def test_config_defaults_match_spec():
+    c = MemoryConfig()
+    assert (c.hot_size, c.compress_batch, c.warm_capacity) == (10, 5, 20)
+    with pytest.raises(Exception):
+        c.hot_size = 3  # frozen
+    with pytest.raises(ValueError):
+        MemoryConfig(hot_size=0)
