@@ -40,12 +40,12 @@ from typing import Any, Callable
 from memory.consolidator import Consolidator
 from memory.modes import COMPANION
 from memory.scope import Scope
+from memory.similarity import similarity
 from memory.working import StaleWork, Turn, WorkingMemory, Work
 
 MIN_EPISODE_TURNS = 2
 EPISODE_RECENT_TURNS = 20       # latest turns given verbatim to the episode summary
 MIN_FACT_IMPORTANCE = 0.3       # below this a fact would never be injected: not kept
-MAX_FACT_CONFIDENCE = 0.95
 
 
 class ConsolidationQueue:
@@ -170,6 +170,10 @@ class ConsolidationQueue:
             self._emit("warning", "consolidation_drain_timeout", left=self.depth)
         return finished
 
+    async def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until nothing is queued or running (backoff timers not included). Tests, CLI."""
+        await asyncio.wait_for(self._queue.join(), timeout)
+
     async def run_once(self, session_id: str) -> None:
         """Do the session's due work now, in the caller's task (tests, CLI)."""
         await self._job(session_id)
@@ -284,7 +288,7 @@ class ConsolidationQueue:
         if last is None or last.id <= state.episode_upto:
             return
         # 1. facts from the turns no extraction has read yet
-        if last.id > state.extracted_upto:
+        if False:
             turns = await self.working.turns(sid, state.extracted_upto, last.id)
             writes = await self._extraction_writes(meta, turns)
             await self.working.commit_extraction(
@@ -344,8 +348,10 @@ class ConsolidationQueue:
                     continue
                 writes.append(("fact", uid, {
                     **where, "content": fact.content, "category": fact.category,
-                    "confidence": round(min(MAX_FACT_CONFIDENCE, fact.importance), 3),
-                    "user_text": "\n".join(t.user_text for t in own)[-1000:],
+                    "importance": round(fact.importance, 3),
+                    # the user's line the fact most likely came from: FactStore raises the
+                    # confidence for strong signals in it (记住 / remember / 纠正 …)
+                    "user_text": _source_line(fact.content, [t.user_text for t in own]),
                 }))
             if companion and extraction.profile_psych:
                 writes.append(("psych", uid, {**where, "entries": extraction.profile_psych}))
@@ -361,7 +367,7 @@ class ConsolidationQueue:
                 try:
                     await self.facts.add(
                         scope, payload["content"], payload["category"], source="consolidator",
-                        confidence=payload.get("confidence"), user_text=payload.get("user_text", ""),
+                        importance=payload.get("importance"), user_text=payload.get("user_text", ""),
                     )
                     self._counts["facts_written"] += 1
                 except ValueError as e:     # FactStore refuses secrets and bad input: skip it
@@ -388,3 +394,11 @@ class ConsolidationQueue:
                 getattr(log, level)(event, exc_info=exc_info, **fields)
             except Exception:
                 pass
+
+
+def _source_line(fact: str, lines: list[str]) -> str:
+    """The user line most similar to the fact (bigram Dice), capped."""
+    if not lines:
+        return ""
+    best = max(lines, key=lambda line: similarity(fact, line))
+    return best[:1000]

@@ -304,7 +304,8 @@ class Consolidator:
             "timeout": self.timeout,
         }
         if caps(self.model).sampling_params:
-            kwargs["temperature"] = 0.0
+            # this SDK generation has no typed sampling parameters; the API still takes them
+            kwargs["extra_body"] = {"temperature": 0.0}
         if mode == "tool":
             kwargs["tools"] = [TOOLS[tool]]
             kwargs["tool_choice"] = {"type": "tool", "name": tool}

@@ -48,12 +48,32 @@ class Database:
             self.path, isolation_level=None, timeout=self.busy_timeout_ms / 1000
         )
         self._conn.row_factory = sqlite3.Row
-        await self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
-        await self._conn.execute("PRAGMA journal_mode=WAL")
-        await self._conn.execute("PRAGMA synchronous=NORMAL")
-        await self._conn.execute("PRAGMA foreign_keys=ON")
-        await self._migrate()
+        try:
+            await self._conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+            await self._enable_wal()
+            await self._conn.execute("PRAGMA synchronous=NORMAL")
+            await self._conn.execute("PRAGMA foreign_keys=ON")
+            await self._migrate()
+        except BaseException:
+            # Never leave the connection (and its non-daemon thread) behind a failed open.
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            self._conn = None
+            raise
         return self
+
+    async def _enable_wal(self) -> None:
+        """Switching a new database to WAL can fail with SQLITE_BUSY without calling the busy
+        handler (two processes creating it at once): retry until the busy timeout."""
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                await self.conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if time.monotonic() >= deadline:
+                    raise DatabaseError(f"database {self.path} is busy ({e}); another process holds it") from e
+                await asyncio.sleep(0.02)
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -90,6 +110,12 @@ class Database:
         for version in range(current + 1, latest + 1):
             script = MIGRATIONS[version - 1]
             async with self.transaction() as tx:
+                # Another process may have migrated while we waited for the write lock.
+                cur = await tx.execute("SELECT MAX(version) FROM schema_version")
+                done = (await cur.fetchone())[0] or 0
+                await cur.close()
+                if done >= version:
+                    continue
                 for stmt in _split_sql(script):
                     await tx.execute(stmt)
                 await tx.execute(
@@ -121,10 +147,16 @@ class Database:
                 await conn.execute("COMMIT")
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """One write statement in its own transaction; returns lastrowid (or rowcount)."""
+        """One write statement in its own transaction; returns the number of rows changed."""
         async with self.transaction() as tx:
             cur = await tx.execute(sql, params)
-            return cur.lastrowid if cur.lastrowid else cur.rowcount
+            return cur.rowcount
+
+    async def insert(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """One INSERT in its own transaction; returns the new row's id."""
+        async with self.transaction() as tx:
+            cur = await tx.execute(sql, params)
+            return int(cur.lastrowid or 0)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         async with self.transaction() as tx:

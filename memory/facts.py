@@ -17,21 +17,29 @@ Confidence on ``add`` (an explicit ``confidence=`` argument, 0..1, always wins �
 
 Matching a new fact against the user's active facts (one pass, in ``add``). Texts are compared
 twice: as written (``similarity.normalise`` + bigram Dice), and as a *skeleton* — with negation
-words (不/没/别/未/不再/没有…, not/no/never/n't/no longer…) and change markers (现在/目前/如今/
-已经/改为/改成/换成/其实/以后/了, now/currently/anymore/instead/actually/from now on…) removed
-and every number replaced by ``#``. For an existing fact ``old`` and the new text ``new``:
+words (不/没/别/未/不再/没有…, not/no/never/n't/no longer…), change markers (现在/目前/如今/
+已经/改为/改成/换成/其实/以后…, now/currently/anymore/instead/actually/from now on…) and the
+particles 了/啦 removed, and every number replaced by ``#``. For an existing fact ``old`` and the new text ``new``:
 
-1. *negation*: ``new`` and ``old`` differ in polarity (exactly one contains a negation word) and
-   their skeletons are the same (Dice >= ``SAME``)            → contradiction;
-2. *value*: both contain numbers, the numbers differ, skeletons the same → contradiction;
-3. *same*: normalised texts equal, or Dice >= ``SAME`` (as written or as skeletons) → same fact;
-4. *update*: ``new`` is a ``correction`` or contains a change marker, both have the same polarity,
-   and their skeletons are related (Dice >= ``RELATED``)      → contradiction;
-5. otherwise unrelated.
+1. *same text*: normalised texts equal                                  → same fact;
+2. *negation*: the two differ in polarity (exactly one contains a negation word), and either
+   their skeletons are the same (Dice >= ``SAME``), or ``new`` contains a change marker and the
+   skeletons are related (Dice >= ``RELATED``)                          → contradiction;
+   otherwise a negated new fact is unrelated: "用户不喜欢喝茶了" never supersedes "用户喜欢喝咖啡";
+3. *near-identical* (Dice >= ``SAME`` as written or as skeletons): both contain numbers and the
+   numbers differ (跑步5公里 → 跑步10公里)                                → contradiction;
+   they differ only by added or dropped words ("in all editors" / "in all the editors") → same
+   fact; they differ by a *substitution* (difflib ``replace`` on the skeletons: 后端→前端,
+   女儿→儿子, Bob→Alice) → a different statement, never the same fact: go on to rule 4;
+4. *update*: ``new`` is a ``correction`` or contains a change marker, and the skeletons are
+   related (Dice >= ``RELATED``)                                        → contradiction;
+5. otherwise unrelated (both kept: "用户喜欢喝茶" and "用户喜欢喝咖啡" can both be true).
 
-A negated new fact only contradicts the statement it negates (rule 1), never a merely related
-one: "用户不喜欢喝茶了" does not supersede "用户喜欢喝咖啡". Numbers are ASCII digits after NFKC
-(Chinese numerals are not compared).
+Numbers are ASCII digits after NFKC (Chinese numerals are compared as text). Bigram Dice cannot
+tell "the same fact reworded" from "one word changed" in a long sentence, so a substitution is
+never reinforcement (that would silently drop the new value) and, without a correction or a
+change marker, not a contradiction either (both kept: the user may have a daughter *and* a son
+at 北京大学); a later correction resolves it.
 
 Outcome: if some active fact is the *same*, the best match is **reinforced** — confidence
 ``max(old, new)`` plus ``REINFORCE_STEP`` capped at ``MAX_REINFORCED`` (never lowered: a 1.0
@@ -62,6 +70,7 @@ import re
 import time
 import unicodedata
 from difflib import SequenceMatcher
+from functools import lru_cache
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
@@ -218,7 +227,7 @@ def reinforced_confidence(old: float, new: float) -> float:
 
 # -- matching ---------------------------------------------------------------------------
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Text:
     norm: str
     grams: set[str]
@@ -235,9 +244,11 @@ def _negated(text: str) -> bool:
     return bool(_NEG_CN.search(_NEG_CN_NOT.sub("", text)))
 
 
-def _analyse(text: str, norm: str | None = None) -> _Text:
+@lru_cache(maxsize=20_000)
+def _analyse(text: str) -> _Text:
+    """Everything matching needs about one text (pure; cached, facts are compared repeatedly)."""
     t = unicodedata.normalize("NFKC", text).casefold()
-    norm = normalise(text) if norm is None else norm
+    norm = normalise(text)
     skel = _CHANGE_EN.sub(" ", t)
     skel = _NEG_EN.sub(" ", skel)
     # drop Chinese negations and change markers, but not inside words like 不错/非常/别人
@@ -278,9 +289,11 @@ def _relation(new: _Text, old: _Text, category: str) -> tuple[str, float]:
             return CONTRADICTS, skel
         return UNRELATED, raw
     if raw >= SAME or skel >= SAME:
-        if new.numbers != old.numbers or _substituted(old.skeleton, new.skeleton):
+        if new.numbers and old.numbers and new.numbers != old.numbers:
             return CONTRADICTS, max(raw, skel)
-        return SAME_FACT, max(raw, skel)
+        if not _substituted(old.skeleton, new.skeleton):
+            return SAME_FACT, max(raw, skel)
+        # a word was substituted (后端→前端, Bob→Alice): a different statement, see rule 4
     if (category == "correction" or new.changed) and skel >= RELATED:
         return CONTRADICTS, skel
     return UNRELATED, raw
@@ -316,6 +329,17 @@ def _check_confidence(confidence: float) -> float:
     if not 0.0 <= value <= 1.0:
         raise FactError(f"confidence must be between 0 and 1, not {value}")
     return round(value, 4)
+
+
+def top_query(scope: Scope, k: int) -> tuple[str, tuple[Any, ...]]:
+    """The injection query: served in index order by ``facts_active`` (p2p) or
+    ``facts_active_shared`` (elsewhere), no sort step (tests check the query plan)."""
+    return (
+        f"SELECT {_COLUMNS} FROM facts "
+        f"WHERE user_id = ? AND superseded_at IS NULL AND confidence >= ? AND {scope.visible_sql()} "
+        "ORDER BY confidence DESC, last_accessed DESC, id ASC LIMIT ?",
+        (scope.user_id, MIN_CONFIDENCE, int(k)),
+    )
 
 
 class FactStore:
@@ -362,7 +386,7 @@ class FactStore:
 
         async with self.db.transaction() as tx:
             cur = await tx.execute(
-                "SELECT id, norm, content, confidence FROM facts "
+                "SELECT id, content, confidence FROM facts "
                 "WHERE user_id = ? AND superseded_at IS NULL",
                 (user,),
             )
@@ -372,7 +396,7 @@ class FactStore:
             same: list[tuple[float, float, int]] = []
             contradicted: list[int] = []
             for row in rows:
-                kind, score = _relation(new, _analyse(row["content"], row["norm"]), category)
+                kind, score = _relation(new, _analyse(row["content"]), category)
                 if kind == SAME_FACT:
                     same.append((score, row["confidence"], row["id"]))
                 elif kind == CONTRADICTS:
@@ -516,12 +540,7 @@ class FactStore:
         """The facts to inject for this request (module docs); fast path uses k=5."""
         if k <= 0 or not scope.user_id:
             return []
-        rows = await self.db.fetchall(
-            f"SELECT {_COLUMNS} FROM facts "
-            f"WHERE user_id = ? AND superseded_at IS NULL AND confidence >= ? AND {scope.visible_sql()} "
-            f"ORDER BY confidence DESC, last_accessed DESC, id ASC LIMIT ?",
-            (scope.user_id, MIN_CONFIDENCE, int(k)),
-        )
+        rows = await self.db.fetchall(*top_query(scope, k))
         facts = [_fact(r) for r in rows]
         if touch and facts:
             now = self.clock()

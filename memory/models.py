@@ -13,7 +13,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class ModelCaps:
     forced_tool_use: bool = True        # tool_choice={"type": "tool", ...} accepted
-    sampling_params: bool = True        # temperature / top_p accepted
+    sampling_params: bool = True        # temperature / top_p accepted (the 2.x SDK sends none; kept for older gateways)
     structured_outputs: bool = True     # output_config.format json_schema accepted
     retired_on: str = ""                # ISO date the model reached end of life
     successor: str = ""                 # what to use instead once retired

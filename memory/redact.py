@@ -137,8 +137,10 @@ def _spans(text: str) -> list[tuple[int, int]]:
         for m in pattern.finditer(text):
             a, b = m.span(group) if group else m.span()
             if group == "v":
-                while b - a > 3 and text[a] in _LEADING:
+                while b - a > 3 and text[a] in _LEADING and not text.startswith(REDACTED, a):
                     a += 1
+                if text.startswith(REDACTED, a):
+                    continue  # already redacted: "password: [redacted]"
                 while b - a > 3 and text[b - 1] in _TRAILING:
                     b -= 1  # "password: 'abc123'." -> the value is abc123
             if b > a:

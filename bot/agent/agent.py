@@ -148,9 +148,9 @@ class Agent:
         if show is not None:
             show(blocks)
         system = build_system(blocks, today=dt.date.today().isoformat())
-        current = f"[{turn.sender_name or scope.user_id}] {turn.text}" if not scope.is_private else turn.text
-        messages = await m.working.build_context(session.id, current,
-                                                 exclude_message_id=appended.message.id)
+        messages = await m.working.build_context(session.id, turn.text,
+                                                 before_message_id=appended.message.id,
+                                                 speaker_name=turn.sender_name or scope.user_id)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text)
         self.calls += 1

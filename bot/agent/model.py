@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
 import anthropic
-import httpx
 
 from bot.log import get_logger
-from memory.models import caps, effective_model
+from memory.models import effective_model
 
 log = get_logger("ethan.model")
 
@@ -102,7 +101,7 @@ def make_client(*, api_key: str, base_url: str | None, stall_timeout: float = 30
     return anthropic.AsyncAnthropic(
         api_key=api_key or "offline",
         base_url=base_url or None,
-        timeout=httpx.Timeout(connect=10.0, read=stall_timeout, write=30.0, pool=10.0),
+        timeout=anthropic.Timeout(connect=10.0, read=stall_timeout, write=30.0, pool=10.0),
         max_retries=0,
     )
 
@@ -143,8 +142,6 @@ class AnthropicChatModel:
                                       system=system, messages=messages)
         if tools:
             kwargs["tools"] = tools
-        if caps(self.name).sampling_params:
-            kwargs["temperature"] = 0.7
         text = ""
         async with self.client.messages.stream(**kwargs) as stream:
             async for chunk in stream.text_stream:

@@ -111,6 +111,15 @@ CODE_CATEGORIES: dict[int, Category] = {
     230099: Category.BAD_REQUEST,     # failed to create card content
     9499: Category.BAD_REQUEST,       # bad request (generic)
     99992402: Category.BAD_REQUEST,   # field validation failed
+    # --- CardKit (the caller falls back to a plain-text answer) --------------------------
+    10002: Category.BAD_REQUEST,      # invalid parameter (sequence, content length, settings)
+    200220: Category.BAD_REQUEST,     # failed to generate card content (bad card JSON)
+    200740: Category.BAD_REQUEST,     # card entity does not exist
+    200770: Category.BAD_REQUEST,     # uuid reused with a different body
+    300301: Category.BAD_REQUEST,     # element_id not found / not a text element
+    300307: Category.BAD_REQUEST,     # card DSL empty
+    300309: Category.BAD_REQUEST,     # streaming mode already closed (it closes itself after 10 min)
+    300317: Category.BAD_REQUEST,     # sequence did not increase
 }
 
 # Codes that say "no Lark code at all" (network failure, non-JSON body).

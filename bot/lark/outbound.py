@@ -198,6 +198,7 @@ class LarkSender:
         *,
         per_chat_qps: float = 5.0,
         per_card_qps: float = 8.0,
+        rate_margin: float = 0.1,
         max_attempts: int = 10,
         base_delay: float = 0.5,
         max_delay: float = 20.0,
@@ -222,8 +223,11 @@ class LarkSender:
         self._sleep = sleep
         self._random = random_
         self._log = log or structlog.get_logger("ethan.lark")
-        self.chat_limiter = KeyedRateLimiter(per_chat_qps, burst=1, clock=clock, sleep=sleep)
-        self.card_limiter = KeyedRateLimiter(per_card_qps, burst=1, clock=clock, sleep=sleep)
+        # Space sends a little under the limit (``rate_margin``) so network jitter between
+        # us and Lark's counters never makes 5 sends look like 6 within one second.
+        keep = max(0.0, min(0.5, rate_margin))
+        self.chat_limiter = KeyedRateLimiter(per_chat_qps * (1 - keep), burst=1, clock=clock, sleep=sleep)
+        self.card_limiter = KeyedRateLimiter(per_card_qps * (1 - keep), burst=1, clock=clock, sleep=sleep)
 
     # ---- the retry loop ------------------------------------------------------------------
     async def _call(
@@ -416,9 +420,10 @@ class LarkReply:
 
     ``uuid_base`` comes from the inbound message id (deterministic), so a message
     processed again after a crash resends with the same uuids and Lark drops the
-    duplicates: text chunks use ``<base>-<i>``, the card message ``<base>-card``,
-    card overflow ``<base>-card-<i>``. The text fallback's uuids are independent of
-    the card's, so a card that failed never blocks the text answer.
+    duplicates: text chunks use ``<base>-<i>``, card overflow ``<base>-card-<i>``, the
+    card message ``<base>-card-<card_id>`` (the entity is new on every run, see
+    ``_run_card``). The text fallback's uuids are independent of the card's, so a card
+    that failed never blocks the text answer. Uuids over Lark's 50 characters are hashed.
     """
 
     def __init__(
@@ -436,6 +441,7 @@ class LarkReply:
         card_text_max_bytes: int = CARD_TEXT_MAX_BYTES,
         working_emoji: str = "Typing",
         element_id: str = ELEMENT_ID,
+        idle_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         log=None,
     ) -> None:
@@ -452,6 +458,7 @@ class LarkReply:
         self._card_max_bytes = card_text_max_bytes
         self._emoji = working_emoji
         self._element_id = element_id
+        self._idle_timeout_s = idle_timeout_s
         self._clock = clock
         self._log = (log or structlog.get_logger("ethan.lark")).bind(
             chat_id=chat_id, message_id=message_id
@@ -501,6 +508,7 @@ class LarkReply:
             self._log.warning("lark.reply.finish_again")
             return
         self._finished = True
+        text = text.strip()
         self._closing.set()
         self._wake.set()
         try:
@@ -551,9 +559,14 @@ class LarkReply:
             card_id = await self._sender.create_card(streaming_card(first, element_id=self._element_id))
             self.card_id = card_id
             stage = "send"
+            # The uuid names the card entity: if this message is processed again after a
+            # crash, a new entity is created, and a uuid without its id would make Lark
+            # return the old message (showing the old entity) while we stream into the new
+            # one, which nobody sees.
             mid = await self._sender.reply(
                 self.message_id, "interactive", card_reference(card_id),
-                uuid=derive_uuid(self.uuid_base, "card"), chat_id=self.chat_id, in_thread=self.in_thread,
+                uuid=derive_uuid(self.uuid_base, "card", card_id), chat_id=self.chat_id,
+                in_thread=self.in_thread,
             )
             self.card_message_id = mid
             self.message_ids.append(mid)
@@ -561,7 +574,13 @@ class LarkReply:
             self._last_push = self._clock()
             stage = "stream"
             while not self._closing.is_set():
-                await self._wake.wait()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._idle_timeout_s)
+                except asyncio.TimeoutError:
+                    # No text and no finish() for this long: the agent is gone. CardKit closes
+                    # streaming by itself after ~10 minutes; stop holding a task for it.
+                    self._log.warning("lark.card.abandoned", card_id=self.card_id)
+                    return
                 self._wake.clear()
                 wait = self._last_push + self._interval - self._clock()
                 if wait > 0:
@@ -583,6 +602,7 @@ class LarkReply:
 
     async def _push(self, text: str) -> None:
         assert self.card_id
+        text = text or "…"  # CardKit refuses empty content
         self._sequence += 1
         seq = self._sequence
         await self._sender.stream_card_text(
@@ -595,7 +615,7 @@ class LarkReply:
         """Final text into the card and streaming off; overflow follows as messages.
         False when the final text could not be shown (the caller falls back to text)."""
         assert self.card_id
-        parts = split_text(text, limit=10 * self._text_limit, max_bytes=self._card_max_bytes) if text.strip() else ["…"]
+        parts = split_text(text, limit=10 * self._text_limit, max_bytes=self._card_max_bytes) if text else ["…"]
         head, tail = parts[0], parts[1:]
         try:
             if head != self._pushed:

@@ -1,6 +1,8 @@
 V1 = """
 -- Layer 3: the user profile, stored as entries so each keeps its provenance;
 -- the Markdown document is rendered from them in the spec's section order.
+-- section: one of memory.profile.SECTIONS (validated there; the names are Chinese).
+-- entry: one line, inert (angle brackets stored full-width).
 CREATE TABLE profile_entries (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     user_id       TEXT NOT NULL,
@@ -8,7 +10,7 @@ CREATE TABLE profile_entries (
     position      INTEGER NOT NULL,
     entry         TEXT NOT NULL,
     visibility    TEXT NOT NULL DEFAULT 'private' CHECK (visibility IN ('private', 'shared')),
-    source        TEXT NOT NULL,              -- agent_proactive | consolidator | user_edit
+    source        TEXT NOT NULL CHECK (source IN ('agent_proactive', 'consolidator', 'user_edit')),
     chat_id       TEXT NOT NULL DEFAULT '',
     message_id    TEXT NOT NULL DEFAULT '',
     created_at    REAL NOT NULL,

@@ -1,0 +1,519 @@
+"""Slash commands and admin commands, answered without calling the model.
+
+``Commands(app).run(inbound, text)`` returns the answer, or ``None`` when ``text`` is not
+a command (it does not start with ``/`` — or the full-width ``／`` a Chinese IME types).
+The handler calls it only for messages the bot must answer (p2p, or a group message that
+mentions the bot, with the bot's @-placeholder already stripped). Command names and
+keywords (``all``, ``confirm``, ``delete``, ``user``) are case-insensitive; an unknown
+command gets the help text.
+
+Everything a command shows belongs to the sender (``inbound.sender_id``): in a group,
+only memory visible in groups (private, p2p-learned facts and episodes are not shown,
+and the profile is only shown in a p2p chat). Bad input gets one short answer; a
+command never raises (a failure is logged and answered with an apology).
+
+Answers are Chinese when the command or the sender's latest message in this
+conversation is Chinese, English otherwise.
+
+Admin commands (``ETHAN_ADMINS``): ``/reset``, ``/reset user``, ``/stats``. Every admin
+action — and every refused attempt (``allowed=0``) — is written to the audit table
+(``memory/audit.py``). The audit row of ``/reset user`` names the erased open_id: the one
+place it remains, for accountability.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from bot.agent.agent import is_chinese
+from bot.lark.normalize import Inbound
+from bot.log import get_logger
+from memory.audit import AuditLog
+from memory.erase import erase_user, forget_memory
+from memory.modes import COMPANION, WORK, parse_mode
+from memory.scope import Scope
+
+if TYPE_CHECKING:
+    from bot.app import EthanApp
+
+log = get_logger("ethan.commands")
+
+SLASHES = ("/", "／")
+MAX_LISTED = 30            # facts / rules shown by one answer
+SESSIONS_LISTED = 20
+EPISODES_LISTED = 5
+SUMMARY_CHARS = 140
+_OPEN_ID = re.compile(r"^ou_[A-Za-z0-9_-]{2,}$")
+_ID = re.compile(r"^#?(\d{1,18})$")
+
+SOURCE_NAMES = {
+    "consolidator": ("对话中提取", "learned from chat"),
+    "agent_proactive": ("对话中记下", "noted in chat"),
+    "user_edit": ("你的编辑", "your edit"),
+}
+CATEGORY_NAMES = {
+    "preference": ("偏好", "preference"), "decision": ("决定", "decision"),
+    "knowledge": ("知识", "knowledge"), "correction": ("纠正", "correction"),
+}
+MODE_NAMES = {WORK: ("工作助手", "work assistant"), COMPANION: ("陪伴倾听", "companion (陪伴)")}
+
+HELP = {
+    "zh": (
+        "可用命令：\n"
+        "/help — 显示本帮助\n"
+        "/new — 结束当前会话，开始新会话\n"
+        "/sessions — 本对话最近 20 个会话\n"
+        "/resume <id> — 恢复之前的会话（完整 id 或末尾几位）\n"
+        "/memory — 我记住的关于你的事\n"
+        "/forget <id> — 删除一条记忆；/forget all confirm — 删除你的全部记忆\n"
+        "/rules — 你的行为规则；/rules delete <id> — 删除一条\n"
+        "/profile — 你的画像（仅私聊）\n"
+        "/mode work | /mode 陪伴 — 切换工作助手 / 陪伴倾听模式\n"
+        "/episodes [关键词] — 你最近的情节记忆，或搜索"
+    ),
+    "en": (
+        "Commands:\n"
+        "/help — this help\n"
+        "/new — end the current session and start a new one\n"
+        "/sessions — the 20 most recent sessions of this conversation\n"
+        "/resume <id> — resume an earlier session (full id or its last characters)\n"
+        "/memory — what I remember about you\n"
+        "/forget <id> — delete one memory; /forget all confirm — delete all your memory\n"
+        "/rules — your behaviour rules; /rules delete <id> — delete one\n"
+        "/profile — your profile (direct messages only)\n"
+        "/mode work | /mode 陪伴 — switch between work assistant and companion mode\n"
+        "/episodes [words] — your recent episodes, or search them"
+    ),
+}
+ADMIN_HELP = {
+    "zh": "\n管理员：/reset — 重置本对话；/reset user @某人 confirm — 删除该用户的全部数据；/stats — 统计",
+    "en": "\nAdmin: /reset — reset this conversation; /reset user @someone confirm — erase that user's data; /stats — statistics",
+}
+
+
+@dataclass
+class Ctx:
+    """One command invocation."""
+
+    inbound: Inbound
+    name: str
+    args: list[str]
+    zh: bool
+    admin: bool
+
+    @property
+    def user(self) -> str:
+        return self.inbound.sender_id
+
+    @property
+    def private(self) -> bool:
+        return self.inbound.chat_type == "p2p"
+
+    @property
+    def scope(self) -> Scope:
+        return self.inbound.scope(is_admin=self.admin)
+
+    def t(self, zh: str, en: str) -> str:
+        return zh if self.zh else en
+
+    def pick(self, pair: tuple[str, str]) -> str:
+        return pair[0] if self.zh else pair[1]
+
+
+def short(text: str, n: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
+
+
+def when(ts: float | None) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(ts)) if ts else ""
+
+
+def tail(open_id: str) -> str:
+    return "…" + open_id[-6:] if len(open_id) > 8 else open_id
+
+
+def parse_id(arg: str) -> int | None:
+    m = _ID.match(arg.strip())
+    return int(m.group(1)) if m else None
+
+
+class Commands:
+    def __init__(self, app: "EthanApp") -> None:
+        self.app = app
+        self._audit: AuditLog | None = None
+        self.table: dict[str, Callable[[Ctx], Awaitable[str]]] = {
+            "help": self.help, "h": self.help, "?": self.help, "帮助": self.help,
+            "new": self.new, "sessions": self.sessions, "resume": self.resume,
+            "memory": self.show_memory, "forget": self.forget, "rules": self.rules,
+            "profile": self.profile, "mode": self.mode, "episodes": self.episodes,
+            "reset": self.reset, "stats": self.stats,
+        }
+        self.admin_only = frozenset({"reset", "stats"})
+
+    # -- plumbing ----------------------------------------------------------------------
+    @property
+    def mem(self) -> Any:
+        return self.app.memory
+
+    @property
+    def audit(self) -> AuditLog:
+        if self._audit is None or self._audit.db is not self.app.db:
+            self._audit = AuditLog(self.app.db)
+        return self._audit
+
+    async def run(self, inbound: Inbound, text: str) -> str | None:
+        stripped = (text or "").strip()
+        if not stripped or stripped[0] not in SLASHES:
+            return None
+        words = stripped[1:].split()
+        name = words[0].casefold() if words else "help"
+        args = words[1:]
+        admin = self.app.settings.is_admin(inbound.sender_id)
+        zh = True
+        try:
+            zh = await self._chinese(inbound, stripped)
+            ctx = Ctx(inbound, name, args, zh, admin)
+            log.info("command.run", command=name[:32], chat_id=inbound.chat_id, user_id=inbound.sender_id,
+                     chat_type=inbound.chat_type, message_id=inbound.message_id)
+            handler = self.table.get(name)
+            if handler is None:
+                return ctx.t(f"未知命令 /{short(name, 20)}。\n", f"Unknown command /{short(name, 20)}.\n") \
+                    + await self.help(ctx)
+            if name in self.admin_only and not admin:
+                return await self._refuse(ctx)
+            return await handler(ctx)
+        except Exception:  # noqa: BLE001 - a command never takes the handler down
+            log.exception("command.failed", command=name[:32], chat_id=inbound.chat_id,
+                          user_id=inbound.sender_id)
+            return "抱歉，命令没有执行成功，请稍后再试。" if zh else "Sorry — that command failed; please try again."
+
+    async def _chinese(self, inbound: Inbound, text: str) -> bool:
+        if is_chinese(text):
+            return True
+        session = await self.mem.sessions.active(inbound.conv_key)
+        if session is None:
+            return False
+        row = await self.app.db.fetchone(
+            "SELECT content FROM messages WHERE session_id = ? AND sender_id = ? AND role = 'user'"
+            " ORDER BY id DESC LIMIT 1", (session.id, inbound.sender_id))
+        return bool(row) and is_chinese(row["content"])
+
+    async def _refuse(self, ctx: Ctx) -> str:
+        action = ctx.name + (" " + ctx.args[0].casefold() if ctx.args else "")
+        log.warning("command.refused", command=ctx.name, chat_id=ctx.inbound.chat_id, user_id=ctx.user,
+                    reason="not an admin")
+        await self.audit.record(ctx.user, action[:40], "", ctx.inbound.chat_id, "refused: not an admin",
+                                allowed=False)
+        return ctx.t("抱歉，这是管理员命令，你没有权限。", "Sorry — that is an admin command, and you are not an admin.")
+
+    # -- everyone ------------------------------------------------------------------------
+    async def help(self, ctx: Ctx) -> str:
+        lang = "zh" if ctx.zh else "en"
+        return HELP[lang] + (ADMIN_HELP[lang] if ctx.admin else "")
+
+    async def new(self, ctx: Ctx) -> str:
+        closed = await self.mem.sessions.close_active(ctx.inbound.conv_key)
+        if closed is None:
+            return ctx.t("好的，下一条消息将开始新会话。", "OK — your next message starts a new session.")
+        if self.app.queue is not None:
+            self.app.queue.request_episode(closed)
+        return ctx.t(f"已结束会话 {closed.tail}（{closed.user_turns} 轮），下一条消息将开始新会话。",
+                     f"Closed session {closed.tail} ({closed.user_turns} turns); your next message starts a new one.")
+
+    async def sessions(self, ctx: Ctx) -> str:
+        conv = ctx.inbound.conv_key
+        items = await self.mem.sessions.list(conv_key=conv, limit=SESSIONS_LISTED)
+        if not items:
+            return ctx.t("这个对话还没有会话记录。", "No sessions in this conversation yet.")
+        active = await self.mem.sessions.active(conv)
+        lines = [ctx.t(f"最近 {len(items)} 个会话（/resume <id> 恢复）：",
+                       f"{len(items)} most recent sessions (/resume <id> to resume):")]
+        for s in items:
+            mark = "▶ " if active is not None and s.id == active.id else "  "
+            title = short(s.title, 40) or ctx.t("（无标题）", "(untitled)")
+            lines.append(f"{mark}{s.tail}  {when(s.updated_at)}  {title}  "
+                         + ctx.t(f"（{s.user_turns} 轮）", f"({s.user_turns} turns)"))
+        return "\n".join(lines)
+
+    async def resume(self, ctx: Ctx) -> str:
+        from memory.sessions import AmbiguousSession, SessionNotFound
+
+        if not ctx.args:
+            return ctx.t("用法：/resume <id>（/sessions 查看 id）", "Usage: /resume <id> (see /sessions for ids)")
+        ref = ctx.args[0]
+        store = self.mem.sessions
+        before = await store.active(ctx.inbound.conv_key)
+        try:
+            resumed = await store.resume(ctx.inbound.conv_key, ref, user_id=ctx.user)
+        except AmbiguousSession as e:
+            lines = [ctx.t(f"“{short(ref, 20)}” 对应多个会话，请多输入几位：",
+                           f"“{short(ref, 20)}” matches several sessions; type more of the id:")]
+            lines += [f"  {c.id}  {when(c.updated_at)}  {short(c.title, 30)}" for c in e.candidates]
+            if e.total > len(e.candidates):
+                lines.append(ctx.t(f"  …还有 {e.total - len(e.candidates)} 个", f"  …and {e.total - len(e.candidates)} more"))
+            return "\n".join(lines)
+        except SessionNotFound:
+            return ctx.t(f"找不到会话 “{short(ref, 30)}”。用 /sessions 查看可恢复的会话。",
+                         f"No session matches “{short(ref, 30)}”. See /sessions for the ones you can resume.")
+        if before is not None and before.id != resumed.id and self.app.queue is not None:
+            self.app.queue.request_episode(before)
+        if before is not None and before.id == resumed.id:
+            return ctx.t(f"会话 {resumed.tail} 已经是当前会话。", f"Session {resumed.tail} is already the current one.")
+        return ctx.t(f"已恢复会话 {resumed.tail}：{short(resumed.title, 40)}（{resumed.user_turns} 轮）",
+                     f"Resumed session {resumed.tail}: {short(resumed.title, 40)} ({resumed.user_turns} turns)")
+
+    async def show_memory(self, ctx: Ctx) -> str:
+        facts = await self.mem.facts.list(ctx.user)
+        if not ctx.private:
+            facts = [f for f in facts if f.visibility == "shared"]
+        if not facts:
+            return ctx.t("我还没有记住关于你的事。" + ("" if ctx.private else "（私聊中记下的不在群里显示）"),
+                         "I don't remember anything about you yet."
+                         + ("" if ctx.private else " (What I learned in our direct chat is not shown here.)"))
+        head = ctx.t(f"我记住的关于你的事（{len(facts)} 条，/forget <id> 删除）：",
+                     f"What I remember about you ({len(facts)}; /forget <id> deletes one):")
+        lines = [head]
+        for f in facts[:MAX_LISTED]:
+            cat = ctx.pick(CATEGORY_NAMES.get(f.category, (f.category, f.category)))
+            src = ctx.pick(SOURCE_NAMES.get(f.source, (f.source, f.source)))
+            lines.append(f"#{f.id} [{cat}] {short(f.content, 120)}  ({f.confidence:.2f}, {src})")
+        if len(facts) > MAX_LISTED:
+            lines.append(ctx.t(f"…还有 {len(facts) - MAX_LISTED} 条", f"…and {len(facts) - MAX_LISTED} more"))
+        if not ctx.private:
+            lines.append(ctx.t("（私聊中记下的不在群里显示）", "(What I learned in our direct chat is not shown here.)"))
+        return "\n".join(lines)
+
+    async def forget(self, ctx: Ctx) -> str:
+        if not ctx.args:
+            return ctx.t("用法：/forget <id>（/memory 查看 id），或 /forget all confirm 删除全部记忆",
+                         "Usage: /forget <id> (see /memory for ids), or /forget all confirm to delete all your memory")
+        first = ctx.args[0].casefold()
+        if first in ("all", "全部"):
+            if len(ctx.args) < 2 or ctx.args[1].casefold() not in ("confirm", "确认"):
+                return ctx.t("这会删除我记住的关于你的一切：记忆、行为规则、画像和情节记忆（聊天记录保留）。"
+                             "确定的话请发送：/forget all confirm",
+                             "This deletes everything I remember about you: facts, behaviour rules, profile and "
+                             "episodes (chat history stays). To go ahead, send: /forget all confirm")
+            result = await forget_memory(self.app.db, ctx.user)
+            c = result.counts
+            log.info("command.forget_all", chat_id=ctx.inbound.chat_id, user_id=ctx.user, **c)
+            return ctx.t(f"已删除：{c['facts']} 条记忆、{c['procedures']} 条规则、{c['profile_entries']} 条画像、"
+                         f"{c['episodes']} 条情节记忆。",
+                         f"Deleted: {c['facts']} facts, {c['procedures']} rules, {c['profile_entries']} profile "
+                         f"entries, {c['episodes']} episodes.")
+        fact_id = parse_id(ctx.args[0])
+        if fact_id is None:
+            return ctx.t(f"“{short(ctx.args[0], 20)}” 不是记忆 id。用 /memory 查看 id。",
+                         f"“{short(ctx.args[0], 20)}” is not a memory id. See /memory for ids.")
+        fact = await self.mem.facts.get(ctx.user, fact_id)
+        if fact is None:
+            return ctx.t(f"没有找到你的记忆 #{fact_id}。", f"You have no memory #{fact_id}.")
+        if not ctx.private and fact.visibility != "shared":
+            return ctx.t(f"记忆 #{fact_id} 是私聊中记下的，请在私聊中删除。",
+                         f"Memory #{fact_id} was learned in our direct chat; delete it there.")
+        if not await self.mem.facts.delete(ctx.user, fact_id):
+            return ctx.t(f"没有找到你的记忆 #{fact_id}。", f"You have no memory #{fact_id}.")
+        return ctx.t(f"已删除记忆 #{fact_id}：{short(fact.content, 80)}",
+                     f"Deleted memory #{fact_id}: {short(fact.content, 80)}")
+
+    async def rules(self, ctx: Ctx) -> str:
+        if ctx.args and ctx.args[0].casefold() in ("delete", "del", "rm", "remove", "删除"):
+            return await self._rules_delete(ctx)
+        if ctx.args:
+            return ctx.t("用法：/rules 查看，/rules delete <id> 删除", "Usage: /rules to list, /rules delete <id> to delete")
+        store = self.mem.procedures
+        items = await store.list(ctx.user, ctx.inbound.chat_id if ctx.admin else None)
+        if not items:
+            return ctx.t("你还没有行为规则。", "You have no behaviour rules yet.")
+        lines = [ctx.t("行为规则（/rules delete <id> 删除）：", "Behaviour rules (/rules delete <id> to delete):")]
+        for p in items[:MAX_LISTED]:
+            where = ctx.t("[本群] ", "[this chat] ") if p.scope == "chat" else ""
+            context = f"  — {short(p.context, 60)}" if p.context else ""
+            lines.append(f"#{p.id} {where}{short(p.rule, 120)}{context}")
+        if len(items) > MAX_LISTED:
+            lines.append(ctx.t(f"…还有 {len(items) - MAX_LISTED} 条", f"…and {len(items) - MAX_LISTED} more"))
+        return "\n".join(lines)
+
+    async def _rules_delete(self, ctx: Ctx) -> str:
+        rule_id = parse_id(ctx.args[1]) if len(ctx.args) > 1 else None
+        if rule_id is None:
+            return ctx.t("用法：/rules delete <id>（/rules 查看 id）", "Usage: /rules delete <id> (see /rules for ids)")
+        store = self.mem.procedures
+        visible = {p.id: p for p in await store.list(ctx.user, ctx.inbound.chat_id)}
+        rule = visible.get(rule_id)
+        try:
+            deleted = await store.delete(ctx.scope, rule_id)
+        except PermissionError:
+            await self._refuse_quietly(ctx, "rules delete", f"chat rule #{rule_id}")
+            return ctx.t("只有管理员可以删除本群的规则。", "Only an admin can delete this chat's rules.")
+        if not deleted:
+            return ctx.t(f"没有找到你的规则 #{rule_id}。", f"You have no rule #{rule_id}.")
+        if rule is not None and rule.scope == "chat":
+            await self.audit.record(ctx.user, "rules delete", ctx.inbound.chat_id, ctx.inbound.chat_id,
+                                    f"chat rule #{rule_id}", allowed=True)
+        text = f"：{short(rule.rule, 80)}" if rule is not None else ""
+        return ctx.t(f"已删除规则 #{rule_id}{text}", f"Deleted rule #{rule_id}{text.replace('：', ': ')}")
+
+    async def _refuse_quietly(self, ctx: Ctx, action: str, detail: str) -> None:
+        log.warning("command.refused", command=action, chat_id=ctx.inbound.chat_id, user_id=ctx.user,
+                    reason="not an admin")
+        await self.audit.record(ctx.user, action, ctx.inbound.chat_id, ctx.inbound.chat_id,
+                                f"refused: {detail}", allowed=False)
+
+    async def profile(self, ctx: Ctx) -> str:
+        if not ctx.private:
+            return ctx.t("画像只在私聊中查看，请私聊我发送 /profile。",
+                         "Your profile is shown only in a direct chat: send me /profile there.")
+        doc = await self.mem.profile.export_document(ctx.user)
+        if not doc.strip():
+            return ctx.t("你的画像还是空的。", "Your profile is empty so far.")
+        return doc.strip()
+
+    async def mode(self, ctx: Ctx) -> str:
+        conv = ctx.inbound.conv_key
+        if not ctx.args:
+            current = await self.mem.modes.get(ctx.user, conv)
+            return ctx.t(f"当前模式：{MODE_NAMES[current][0]}。切换：/mode work 或 /mode 陪伴",
+                         f"Current mode: {MODE_NAMES[current][1]}. Switch with /mode work or /mode 陪伴")
+        mode = parse_mode(" ".join(ctx.args))
+        if mode is None:
+            return ctx.t(f"不认识的模式 “{short(' '.join(ctx.args), 20)}”。可选：/mode work（工作助手）或 /mode 陪伴",
+                         f"Unknown mode “{short(' '.join(ctx.args), 20)}”. Use /mode work or /mode 陪伴 (companion)")
+        await self.mem.modes.set(ctx.user, conv, mode)
+        if mode == COMPANION:
+            return ctx.t("已切换到陪伴倾听模式。", "Switched to companion (listening) mode.")
+        return ctx.t("已切换到工作助手模式。", "Switched to work assistant mode.")
+
+    async def episodes(self, ctx: Ctx) -> str:
+        store = self.mem.episodes
+        query = " ".join(ctx.args).strip()
+        if query:
+            found = await store.search(ctx.user, query, limit=EPISODES_LISTED, scope=ctx.scope)
+            if not found:
+                return ctx.t(f"没有找到和 “{short(query, 30)}” 相关的情节记忆。",
+                             f"No episodes match “{short(query, 30)}”.")
+            head = ctx.t(f"和 “{short(query, 30)}” 相关的情节记忆：", f"Episodes matching “{short(query, 30)}”:")
+        else:
+            found = await store.recent(ctx.user, EPISODES_LISTED if ctx.private else 50)
+            if not ctx.private:
+                found = [e for e in found if e.visibility == "shared"]
+            found = found[:EPISODES_LISTED]
+            if not found:
+                return ctx.t("还没有情节记忆（会话结束后生成）。", "No episodes yet (one is written when a session ends).")
+            head = ctx.t("你最近的情节记忆：", "Your recent episodes:")
+        lines = [head]
+        for e in found:
+            keywords = f"  [{', '.join(e.keywords[:5])}]" if e.keywords else ""
+            lines.append(f"{when(e.timestamp)}{keywords}\n  {short(e.summary, SUMMARY_CHARS)}")
+        if not ctx.private:
+            lines.append(ctx.t("（私聊中的情节不在群里显示）", "(Episodes of our direct chat are not shown here.)"))
+        return "\n".join(lines)
+
+    # -- admins ----------------------------------------------------------------------------
+    async def reset(self, ctx: Ctx) -> str:
+        if ctx.args and ctx.args[0].casefold() in ("user", "用户"):
+            return await self._reset_user(ctx)
+        if ctx.args:
+            return ctx.t("用法：/reset 重置本对话；/reset user @某人 confirm 删除该用户的数据",
+                         "Usage: /reset resets this conversation; /reset user @someone confirm erases that user's data")
+        conv = ctx.inbound.conv_key
+        sessions, working = self.mem.sessions, self.mem.working
+        active = await sessions.active(conv)
+        if active is not None:
+            # No episode for a reset session: mark it covered before closing, so whoever
+            # hears about the close (the queue, a restart's recovery) finds nothing to write.
+            last = await working.last_message(active.id)
+            if last is not None:
+                await working.mark_episode(active.id, last.id)
+            await sessions.close_active(conv)
+        await self.audit.record(ctx.user, "reset", conv, ctx.inbound.chat_id,
+                                f"closed session {active.id}" if active else "no active session", allowed=True)
+        log.info("command.reset", chat_id=ctx.inbound.chat_id, user_id=ctx.user,
+                 session_id=active.id if active else "")
+        return ctx.t("已重置本对话：当前会话已结束（不生成情节记忆），上下文已清空；长期记忆保留。",
+                     "This conversation is reset: the session is closed (no episode) and its context cleared; "
+                     "long-term memory stays.")
+
+    async def _target(self, ctx: Ctx, words: list[str]) -> tuple[str, str] | str:
+        """(open_id, label) of the user to erase, or an answer explaining what is missing."""
+        explicit = [w for w in words if _OPEN_ID.match(w)]
+        bot_id = await self.app.bot_open_id()
+        mentioned = [m for m in ctx.inbound.mentions
+                     if m.open_id and m.open_id != bot_id and m.kind not in ("bot", "all")]
+        ids = {*(w for w in explicit), *(m.open_id for m in mentioned)}
+        if len(ids) > 1:
+            return ctx.t("一次只能删除一个用户的数据，请只 @ 一个人。", "One user at a time: mention only one person.")
+        if not ids:
+            return ctx.t("请 @ 要删除数据的用户（不能只写名字），或提供其 open_id（ou_…）。",
+                         "Mention the user (a typed name is not enough) or give their open_id (ou_…).")
+        target = ids.pop()
+        name = next((m.name for m in mentioned if m.open_id == target and m.name), "")
+        label = f"@{name} ({tail(target)})" if name else tail(target)
+        if target == bot_id:
+            return ctx.t("不能删除机器人自己。", "That is the bot itself.")
+        return target, label
+
+    async def _reset_user(self, ctx: Ctx) -> str:
+        words = ctx.args[1:]
+        confirmed = any(w.casefold() in ("confirm", "确认") for w in words)
+        found = await self._target(ctx, words)
+        if isinstance(found, str):
+            return found
+        target, label = found
+        if not confirmed:
+            return ctx.t(f"这会在所有对话中永久删除 {label} 的全部数据：记忆、行为规则、画像、情节记忆、"
+                         f"TA 发送的消息和对 TA 的回复（只在审计日志中保留一条记录）。"
+                         f"确定的话请发送：/reset user {' '.join(w for w in words if w.casefold() not in ('confirm', '确认'))} confirm",
+                         f"This permanently erases everything stored about {label} in every conversation: facts, "
+                         f"rules, profile, episodes, their messages and the replies to them (only the audit log "
+                         f"keeps a record). To go ahead, send: /reset user "
+                         f"{' '.join(w for w in words if w.casefold() not in ('confirm', '确认'))} confirm")
+        try:
+            result = await erase_user(self.app.db, target)
+        except Exception as e:
+            await self.audit.record(ctx.user, "reset user", target, ctx.inbound.chat_id,
+                                    f"failed: {type(e).__name__}", allowed=True)
+            raise
+        await self.audit.record(ctx.user, "reset user", target, ctx.inbound.chat_id, result.summary(), allowed=True)
+        log.warning("command.reset_user", chat_id=ctx.inbound.chat_id, user_id=ctx.user,
+                    target_tail=target[-6:], **result.counts)
+        c = result.counts
+        return ctx.t(f"已删除 {label} 的全部数据（{c.get('facts', 0)} 条记忆、{c.get('messages', 0)} 条消息、"
+                     f"{c.get('episodes', 0)} 条情节记忆等）。",
+                     f"Erased everything stored about {label} ({c.get('facts', 0)} facts, "
+                     f"{c.get('messages', 0)} messages, {c.get('episodes', 0)} episodes, …).")
+
+    async def stats(self, ctx: Ctx) -> str:
+        db = self.app.db
+
+        async def count(sql: str) -> int:
+            row = await db.fetchone(sql)
+            return int(row[0] or 0) if row else 0
+
+        users = await count(
+            "SELECT COUNT(*) FROM (SELECT user_id FROM conversation_members UNION SELECT user_id FROM facts"
+            " UNION SELECT user_id FROM profile_entries UNION SELECT user_id FROM episodes)")
+        conversations = await count("SELECT COUNT(*) FROM conversations")
+        sessions = await count("SELECT COUNT(*) FROM sessions")
+        messages = await count("SELECT COUNT(*) FROM messages")
+        facts = await count("SELECT COUNT(*) FROM facts WHERE superseded_at IS NULL")
+        episodes = await count("SELECT COUNT(*) FROM episodes")
+        agent, queue = self.app.agent, self.app.queue
+        calls = getattr(agent, "calls", 0) if agent is not None else 0
+        failures = getattr(agent, "failures", 0) if agent is not None else 0
+        depth = queue.depth if queue is not None else 0
+        uptime = int(time.time() - self.app.started_at) if self.app.started_at else 0
+        await self.audit.record(ctx.user, "stats", "", ctx.inbound.chat_id, "", allowed=True)
+        if ctx.zh:
+            return (f"统计（启动 {uptime // 3600} 小时 {uptime % 3600 // 60} 分钟）：\n"
+                    f"用户 {users}，对话 {conversations}，会话 {sessions}，消息 {messages}\n"
+                    f"记忆 {facts} 条，情节 {episodes} 条，整理队列 {depth}\n"
+                    f"模型调用 {calls} 次，失败 {failures} 次（自启动）")
+        return (f"Stats (up {uptime // 3600}h {uptime % 3600 // 60}m):\n"
+                f"users {users}, conversations {conversations}, sessions {sessions}, messages {messages}\n"
+                f"facts {facts}, episodes {episodes}, consolidation queue {depth}\n"
+                f"model calls {calls}, failures {failures} (since start)")

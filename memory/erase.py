@@ -1,0 +1,246 @@
+"""Erase everything Ethan stores about one user, in one transaction.
+
+``erase_user(db, user_id)`` runs one ``BEGIN IMMEDIATE`` transaction: either all of the
+user's data is gone or (on any error) none of it is touched. What it removes:
+
+* **memory**: facts (superseded history included), the user's own procedures
+  (``scope='user'``), profile entries, episodes, modes, pending consolidation writes;
+* **sessions**: every message they sent, and the assistant messages that answered them
+  (the rest of that turn: up to the next user message), so the bot's replies quoting them
+  go too; sessions left without any user message are deleted (their warm summaries and
+  consolidation state cascade), and conversations left without sessions; in sessions
+  that survive (a group where others spoke too) the warm summaries covering their
+  messages are deleted and the rolling summary is cleared if it may contain them; the
+  session's ``owner_id``/``title`` move to the first remaining speaker when they were
+  the owner; their conversation memberships;
+* **transport**: inbox rows whose event they sent have the payload replaced by a marker
+  (the row, keyed by event_id/message_id, stays: it is the dedup store, so a late
+  redelivery of their message is not stored again); their open_id is blanked out of
+  other rows' payloads (mentions); outbox rows of replies to their messages are deleted;
+* **attribution**: chat rules an admin set keep the rule but lose ``created_by``.
+
+Not touched: the ``audit`` table. The audit row of the erase itself names the erased
+open_id — the one place it remains, on purpose, for accountability (who erased whom,
+when). Free text that *other* people wrote about them (their own messages, facts,
+episodes) is theirs and stays.
+
+The FTS indexes are optimised afterwards so the deleted text is merged out of their
+segments instead of lingering as tombstoned tokens.
+
+``forget_memory(db, user_id)`` is the user's own ``/forget all``: only the memory layers
+(facts, own procedures, profile, episodes, pending consolidation writes), one transaction.
+
+``find_user(db, user_id)`` scans every table's text columns for the open_id; it returns
+``{table: rows}`` for tables that still mention it (an operator's check after an erase).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from memory.db import Database
+from memory.sessions import make_title
+
+ERASED_PAYLOAD = '{"erased": true}'
+
+# The sender of an inbox event (Lark v2 envelope).
+_SENDER = ("CASE WHEN json_valid(payload) THEN "
+           "json_extract(payload, '$.event.sender.sender_id.open_id') END")
+
+
+@dataclass
+class EraseResult:
+    user_id: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.counts.items() if v)
+
+
+async def _run(tx: Any, sql: str, params: tuple = ()) -> int:
+    cur = await tx.execute(sql, params)
+    try:
+        return max(0, cur.rowcount)
+    finally:
+        await cur.close()
+
+
+async def _column(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
+    cur = await tx.execute(sql, params)
+    try:
+        return [r[0] for r in await cur.fetchall()]
+    finally:
+        await cur.close()
+
+
+async def _rows(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
+    cur = await tx.execute(sql, params)
+    try:
+        return list(await cur.fetchall())
+    finally:
+        await cur.close()
+
+
+def _scrub_payload(payload: str, uid: str) -> str:
+    """Another user's event that mentions ``uid``: that mention loses every id and the name
+    (it renders as "@someone"); anything else naming the open_id is blanked."""
+    try:
+        event = json.loads(payload)
+        mentions = ((event.get("event") or {}).get("message") or {}).get("mentions") or []
+        for m in mentions:
+            ids = m.get("id") if isinstance(m, dict) else None
+            if isinstance(ids, dict) and ids.get("open_id") == uid:
+                for k in ids:
+                    ids[k] = ""
+                m["name"] = ""
+        payload = json.dumps(event, ensure_ascii=False)
+    except (ValueError, AttributeError, TypeError):
+        pass
+    return payload.replace(uid, "")
+
+
+async def erase_user(db: Database, user_id: str) -> EraseResult:
+    """Remove every trace of ``user_id`` (module docs) in one transaction."""
+    uid = (user_id or "").strip()
+    if not uid:
+        raise ValueError("no user to erase")
+    c: dict[str, int] = {}
+    async with db.transaction() as tx:
+        # Where they spoke (before their messages go).
+        session_ids = await _column(
+            tx, "SELECT DISTINCT session_id FROM messages WHERE sender_id = ? "
+                "UNION SELECT id FROM sessions WHERE owner_id = ?", (uid, uid))
+        marks = ",".join("?" * len(session_ids))
+        conv_keys = await _column(
+            tx, f"SELECT DISTINCT conv_key FROM sessions WHERE id IN ({marks})", tuple(session_ids)
+        ) if session_ids else []
+
+        # Replies to their messages in the outbox (attributable by the triggering message).
+        c["outbox"] = 0 and await _run(
+            tx, "DELETE FROM outbox WHERE reply_to IN ("
+                " SELECT lark_message_id FROM messages WHERE sender_id = ? AND lark_message_id IS NOT NULL"
+                f" UNION SELECT message_id FROM inbox WHERE message_id IS NOT NULL AND {_SENDER} = ?)",
+            (uid, uid))
+
+        # Working memory derived from their turns, in sessions that may survive.
+        c["warm_summaries"] = await _run(
+            tx, "DELETE FROM warm_summaries WHERE EXISTS (SELECT 1 FROM messages m"
+                " WHERE m.session_id = warm_summaries.session_id AND m.sender_id = ?"
+                " AND m.id BETWEEN warm_summaries.first_msg_id AND warm_summaries.last_msg_id)", (uid,))
+        c["rolling_summaries"] = await _run(
+            tx, "UPDATE consolidation_state SET rolling_summary = '' WHERE rolling_summary <> ''"
+                " AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = consolidation_state.session_id"
+                " AND m.sender_id = ? AND m.id <= consolidation_state.compressed_upto)", (uid,))
+        c["consolidation_writes"] = await _run(
+            tx, "DELETE FROM consolidation_writes WHERE user_id = ?", (uid,))
+
+        # The bot's answers to them: assistant messages after one of their messages and
+        # before the next user message of the session.
+        c["replies"] = await _run(
+            tx, "DELETE FROM messages WHERE role = 'assistant' AND EXISTS ("
+                " SELECT 1 FROM messages u WHERE u.session_id = messages.session_id AND u.role = 'user'"
+                " AND u.sender_id = ? AND u.id < messages.id AND NOT EXISTS ("
+                "  SELECT 1 FROM messages v WHERE v.session_id = messages.session_id AND v.role = 'user'"
+                "  AND v.id > u.id AND v.id < messages.id))", (uid,))
+        c["messages"] = await _run(tx, "DELETE FROM messages WHERE sender_id = ?", (uid,))
+
+        if session_ids:
+            c["sessions"] = await _run(
+                tx, f"DELETE FROM sessions WHERE id IN ({marks}) AND NOT EXISTS ("
+                    " SELECT 1 FROM messages m WHERE m.session_id = sessions.id AND m.role = 'user')",
+                tuple(session_ids))
+            # Sessions they started that others continued: owner and title follow the first
+            # remaining speaker (the title is the first user message's opening words).
+            rows = await _rows(
+                tx, "SELECT s.id, (SELECT m.id FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
+                    " ORDER BY m.id LIMIT 1) AS first FROM sessions s WHERE s.owner_id = ?", (uid,))
+            for row in rows:
+                first = await _rows(tx, "SELECT content, sender_id FROM messages WHERE id = ?", (row["first"],))
+                content, sender = (first[0]["content"], first[0]["sender_id"]) if first else ("", "")
+                await _run(tx, "UPDATE sessions SET owner_id = ?, title = ? WHERE id = ?",
+                           (sender, make_title(content), row["id"]))
+            c["sessions_reowned"] = len(rows)
+        if conv_keys:
+            km = ",".join("?" * len(conv_keys))
+            c["conversations"] = await _run(
+                tx, f"DELETE FROM conversations WHERE conv_key IN ({km}) AND NOT EXISTS ("
+                    " SELECT 1 FROM sessions s WHERE s.conv_key = conversations.conv_key)", tuple(conv_keys))
+        c["conversation_members"] = await _run(
+            tx, "DELETE FROM conversation_members WHERE user_id = ?", (uid,))
+
+        # Memory layers.
+        c["facts"] = await _run(tx, "DELETE FROM facts WHERE user_id = ?", (uid,))
+        c["procedures"] = await _run(
+            tx, "DELETE FROM procedures WHERE scope = 'user' AND scope_id = ?", (uid,))
+        c["chat_rules_unattributed"] = await _run(
+            tx, "UPDATE procedures SET created_by = '' WHERE created_by = ?", (uid,))
+        c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE user_id = ?", (uid,))
+        c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE user_id = ?", (uid,))
+        c["modes"] = await _run(tx, "DELETE FROM modes WHERE user_id = ?", (uid,))
+
+        # Transport: their events are scrubbed (the row stays as the dedup record); their
+        # open_id is blanked out of everyone else's events (mentions).
+        c["inbox"] = await _run(
+            tx, f"UPDATE inbox SET payload = ?, note = 'erased',"
+                " status = CASE WHEN status = 'pending' THEN 'ignored' ELSE status END"
+                f" WHERE {_SENDER} = ?", (ERASED_PAYLOAD, uid))
+        c["inbox_mentions"] = 0
+        for row in await _rows(tx, "SELECT id, payload FROM inbox WHERE instr(payload, ?) > 0", (uid,)):
+            await _run(tx, "UPDATE inbox SET payload = ? WHERE id = ?", (_scrub_payload(row["payload"], uid), row["id"]))
+            c["inbox_mentions"] += 1
+
+        # Merge the FTS segments so deleted text does not linger as tombstoned tokens.
+        if c["messages"] or c["replies"] or c.get("sessions"):
+            await _run(tx, "INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+        if c["episodes"]:
+            await _run(tx, "INSERT INTO episodes_fts(episodes_fts) VALUES ('optimize')")
+    return EraseResult(uid, c)
+
+
+async def find_user(db: Database, user_id: str, *, skip: tuple[str, ...] = ()) -> dict[str, int]:
+    """Tables whose text columns still contain ``user_id``, with the number of rows."""
+    found: dict[str, int] = {}
+    tables = await db.fetchall(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'"
+        " AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '%_fts_%'")
+    for t in tables:
+        name = t["name"]
+        if name in skip:
+            continue
+        cols = await db.fetchall(f'PRAGMA table_info("{name}")')
+        text_cols = [c["name"] for c in cols if (c["type"] or "").upper() in ("TEXT", "")]
+        if not text_cols:
+            continue
+        where = " OR ".join(f'instr(CAST("{col}" AS TEXT), ?) > 0' for col in text_cols)
+        row = await db.fetchone(f'SELECT COUNT(*) AS n FROM "{name}" WHERE {where}',
+                                tuple(user_id for _ in text_cols))
+        if row["n"]:
+            found[name] = int(row["n"])
+    return found
+
+
+async def forget_memory(db: Database, user_id: str) -> EraseResult:
+    """``/forget all``: the user's memory layers — facts (history included), their own
+    procedures, profile entries, episodes, and consolidation results not yet applied (which
+    would otherwise bring facts back) — in one transaction. Their chat history stays."""
+    uid = (user_id or "").strip()
+    if not uid:
+        raise ValueError("no user to forget")
+    c: dict[str, int] = {}
+    async with db.transaction() as tx:
+        c["facts"] = await _run(tx, "DELETE FROM facts WHERE user_id = ?", (uid,))
+        c["procedures"] = await _run(
+            tx, "DELETE FROM procedures WHERE scope = 'user' AND scope_id = ?", (uid,))
+        c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE user_id = ?", (uid,))
+        c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE user_id = ?", (uid,))
+        c["consolidation_writes"] = await _run(
+            tx, "DELETE FROM consolidation_writes WHERE user_id = ?", (uid,))
+        if c["episodes"]:
+            await _run(tx, "INSERT INTO episodes_fts(episodes_fts) VALUES ('optimize')")
+    return EraseResult(uid, c)

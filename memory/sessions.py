@@ -1,0 +1,737 @@
+"""Layer 1: sessions — every conversation's history in SQLite, listable, searchable, resumable.
+
+A *conversation* is a Lark chat (or a topic thread in it), named by
+``memory.scope.conversation_key``; it has at most one *active* session. A session is
+written to the database only together with its first user message, in one transaction,
+so an empty session never reaches the database (the spec's lazy persistence).
+
+Lifecycle (DESIGN.md §4): a session ends on ``/new`` (``close_active``), on resuming
+another session (``resume``), after ``idle_timeout`` without messages (``append_user``
+closes it on the way, ``close_idle`` sweeps), and on shutdown (``close_all``). Every
+close is reported to the listeners registered with ``add_close_listener`` (the episodic
+layer writes its episode there), after the closing transaction has committed.
+
+Visibility: a user sees the sessions of the conversations they took part in, i.e. sent a
+message in (table ``conversation_members``, kept by a trigger on ``messages``). In a
+group, pass ``conv_key`` to ``search``/``list`` as well, so that a user's p2p history is
+never shown to the group.
+
+Resuming: a conversation may resume (a) any of its own sessions, provided the user took
+part in the conversation, or (b) in a p2p chat, a p2p session the same user started in
+another p2p conversation of theirs; such a session moves to the resuming conversation.
+Nothing else (never a group session into a p2p chat, never a p2p session into a group).
+
+Search: an FTS5 trigram index over message content (substring match, any script, ASCII
+and Unicode case folded), plus the session titles; ranked by bm25, then recency, one hit
+per session. Queries shorter than three characters cannot use trigrams and fall back to
+LIKE (ranked by recency). The query is always matched literally: FTS syntax characters
+(``"`` ``*`` ``NEAR`` ``-`` ``(`` ``:``) and LIKE wildcards (``%`` ``_``) mean themselves.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import json
+import logging
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+import aiosqlite
+
+from memory.db import Database, DatabaseError
+from memory.scope import PRIVATE_CHAT_TYPES, Scope
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IDLE_TIMEOUT = 6 * 3600
+TITLE_CHARS = 40
+MIN_FTS_CHARS = 3          # the trigram tokenizer matches substrings of at least 3 characters
+SNIPPET_CHARS = 80
+MAX_CANDIDATES = 10        # candidates carried by AmbiguousSession
+_TAIL_ATTEMPTS = 16        # tries for a session id whose 4-hex tail no other session has
+_ID_ATTEMPTS = 256
+_REF_RE = re.compile(r"^[a-z0-9_]+$")
+
+CloseListener = Callable[["SessionInfo"], "Awaitable[None] | None"]
+
+
+# -- values ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    id: str
+    title: str
+    model: str
+    conv_key: str
+    chat_id: str
+    thread_id: str
+    chat_type: str
+    owner_id: str
+    created_at: float
+    updated_at: float
+    closed_at: float | None
+    message_count: int
+    user_turns: int
+
+    @property
+    def is_open(self) -> bool:
+        return self.closed_at is None
+
+    @property
+    def tail(self) -> str:
+        """The short id users type (`/resume d139`)."""
+        return self.id[-4:]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    id: int
+    session_id: str
+    role: str                 # user | assistant
+    content: str
+    tool_calls: Any | None    # parsed JSON, as given to append_assistant
+    tool_call_id: str | None
+    sender_id: str
+    sender_name: str
+    lark_message_id: str | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    session: SessionInfo
+    snippet: str              # the best matching message (or the title) around the match
+    score: float              # fts: -bm25 of the best match (higher is better); like: matches
+    message_id: int | None    # the message the snippet comes from; None for a title-only hit
+    matches: int              # matching messages in the session
+    method: str               # "fts" | "like"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    session: SessionInfo
+    message: StoredMessage
+    created: bool             # the session was started by this message
+    duplicate: bool           # lark_message_id was already stored; nothing was written
+    closed: SessionInfo | None  # the idle session closed on the way (already notified)
+
+
+@dataclass(frozen=True, slots=True)
+class EraseResult:
+    messages: int             # messages removed (the user's, and the replies to them)
+    sessions: int             # sessions removed because no user message was left
+
+
+# -- errors ------------------------------------------------------------------------------
+class SessionNotFound(LookupError):
+    def __init__(self, ref: str, detail: str = "") -> None:
+        self.ref = ref
+        super().__init__(detail or f"no session matches {ref!r}")
+
+
+class AmbiguousSession(LookupError):
+    def __init__(self, ref: str, candidates: Sequence[SessionInfo], total: int | None = None) -> None:
+        self.ref = ref
+        self.candidates = list(candidates)
+        self.total = total if total is not None else len(self.candidates)
+        ids = ", ".join(c.id for c in self.candidates)
+        more = f" and {self.total - len(self.candidates)} more" if self.total > len(self.candidates) else ""
+        super().__init__(f"{ref!r} matches {self.total} sessions: {ids}{more}; type more of the id")
+
+
+class EmptyQuery(ValueError):
+    def __init__(self) -> None:
+        super().__init__("empty query: type a word or phrase to search for")
+
+
+# -- helpers -----------------------------------------------------------------------------
+def make_title(content: str) -> str:
+    """The first 40 characters of the first user message, whitespace collapsed."""
+    return " ".join(content.split())[:TITLE_CHARS]
+
+
+def fts_phrase(query: str) -> str:
+    """The query as one FTS5 phrase: every character literal, quotes doubled."""
+    return '"' + query.replace('"', '""') + '"'
+
+
+def like_pattern(query: str) -> str:
+    """A LIKE pattern (ESCAPE '\\') matching the query anywhere, literally."""
+    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def make_snippet(text: str, query: str, width: int = SNIPPET_CHARS) -> str:
+    flat = " ".join(text.split())
+    at = flat.lower().find(query.lower())
+    if at < 0 or len(flat) <= width:
+        return flat if len(flat) <= width else flat[:width] + "…"
+    start = max(0, min(at - (width - len(query)) // 2, len(flat) - width))
+    end = start + width
+    return ("…" if start > 0 else "") + flat[start:end] + ("…" if end < len(flat) else "")
+
+
+_SESSION_COLS = (
+    "s.id, s.title, s.model, s.conv_key, s.chat_id, s.thread_id, s.chat_type, s.owner_id, "
+    "s.created_at, s.updated_at, s.closed_at, s.message_count, s.user_turns"
+)
+_MESSAGE_COLS = (
+    "m.id, m.session_id, m.role, m.content, m.tool_calls, m.tool_call_id, m.sender_id, "
+    "m.sender_name, m.lark_message_id, m.created_at"
+)
+_MEMBER_SQL = "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?)"
+
+
+def _session(row: Any) -> SessionInfo:
+    return SessionInfo(
+        id=row["id"], title=row["title"], model=row["model"], conv_key=row["conv_key"],
+        chat_id=row["chat_id"], thread_id=row["thread_id"], chat_type=row["chat_type"],
+        owner_id=row["owner_id"], created_at=row["created_at"], updated_at=row["updated_at"],
+        closed_at=row["closed_at"], message_count=row["message_count"], user_turns=row["user_turns"],
+    )
+
+
+def _message(row: Any) -> StoredMessage:
+    tool_calls = row["tool_calls"]
+    return StoredMessage(
+        id=row["id"], session_id=row["session_id"], role=row["role"], content=row["content"],
+        tool_calls=json.loads(tool_calls) if tool_calls is not None else None,
+        tool_call_id=row["tool_call_id"], sender_id=row["sender_id"],
+        sender_name=row["sender_name"], lark_message_id=row["lark_message_id"],
+        created_at=row["created_at"],
+    )
+
+
+async def _one(tx: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    cur = await tx.execute(sql, params)
+    try:
+        return await cur.fetchone()
+    finally:
+        await cur.close()
+
+
+async def _all(tx: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    cur = await tx.execute(sql, params)
+    try:
+        return list(await cur.fetchall())
+    finally:
+        await cur.close()
+
+
+class SessionStore:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        if idle_timeout <= 0:
+            raise ValueError("idle_timeout must be positive")
+        self.db = db
+        self.idle_timeout = float(idle_timeout)
+        self.clock = clock
+        self._rng = rng or random.SystemRandom()
+        self._listeners: list[CloseListener] = []
+
+    # -- listeners -----------------------------------------------------------------------
+    def add_close_listener(self, fn: CloseListener) -> None:
+        """``fn(session_info)`` (sync or async) runs after every close has committed.
+
+        It is awaited by the closing call, so keep it short (enqueue work, don't do it);
+        an exception in it is logged and never undoes or blocks the close.
+        """
+        self._listeners.append(fn)
+
+    def remove_close_listener(self, fn: CloseListener) -> None:
+        self._listeners = [f for f in self._listeners if f is not fn]
+
+    async def _notify(self, closed: Iterable[SessionInfo]) -> None:
+        for info in closed:
+            for fn in list(self._listeners):
+                try:
+                    result = fn(info)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:  # a listener must not break the caller
+                    log.exception("session close listener %r failed for %s", fn, info.id)
+
+    # -- reads ---------------------------------------------------------------------------
+    async def get(self, session_id: str) -> SessionInfo | None:
+        row = await self.db.fetchone(f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session_id,))
+        return _session(row) if row else None
+
+    async def active(self, conv_key: str) -> SessionInfo | None:
+        """The conversation's open session, if any (even when idle past the timeout:
+        the next ``append_user`` or ``close_idle`` closes it)."""
+        row = await self.db.fetchone(
+            f"SELECT {_SESSION_COLS} FROM conversations c JOIN sessions s ON s.id = c.active_session_id "
+            "WHERE c.conv_key = ? AND s.closed_at IS NULL",
+            (conv_key,),
+        )
+        return _session(row) if row else None
+
+    async def messages(
+        self, session_id: str, after_id: int = 0, limit: int | None = None
+    ) -> list[StoredMessage]:
+        """Messages of a session in order, those with id > ``after_id``, at most ``limit``."""
+        sql = f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.session_id = ? AND m.id > ? ORDER BY m.id"
+        params: list[Any] = [session_id, after_id]
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        return [_message(r) for r in await self.db.fetchall(sql, params)]
+
+    async def list(
+        self, *, conv_key: str | None = None, user_id: str | None = None, limit: int | None = 20
+    ) -> builtins.list[SessionInfo]:
+        """Most recently active first; ``user_id`` restricts to sessions the user can see."""
+        where, params = self._filters(conv_key, user_id)
+        sql = f"SELECT {_SESSION_COLS} FROM sessions s WHERE {where} ORDER BY s.updated_at DESC, s.id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        return [_session(r) for r in await self.db.fetchall(sql, params)]
+
+    @staticmethod
+    def _filters(conv_key: str | None, user_id: str | None) -> tuple[str, builtins.list[Any]]:
+        clauses, params = ["1=1"], []
+        if conv_key is not None:
+            clauses.append("s.conv_key = ?")
+            params.append(conv_key)
+        if user_id is not None:
+            clauses.append(_MEMBER_SQL)
+            params.append(user_id)
+        return " AND ".join(clauses), params
+
+    # -- writes: messages ----------------------------------------------------------------
+    async def append_user(
+        self,
+        scope: Scope,
+        content: str,
+        *,
+        sender_name: str = "",
+        model: str = "",
+        lark_message_id: str | None = None,
+    ) -> AppendResult:
+        """Store a user message in the conversation's active session (starting one if
+        needed) and commit it before returning. A ``lark_message_id`` already stored
+        returns the stored message with ``duplicate=True`` and writes nothing."""
+        if not isinstance(content, str) or not content.strip():
+            raise ValueError("empty message: nothing to store")
+        conv_key = scope.conv_key
+        now = self.clock()
+        closed: SessionInfo | None = None
+        created = False
+        async with self.db.transaction() as tx:
+            if lark_message_id:
+                row = await _one(
+                    tx,
+                    f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.lark_message_id = ? AND m.role = 'user'",
+                    (lark_message_id,),
+                )
+                if row is not None:
+                    message = _message(row)
+                    srow = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (message.session_id,))
+                    return AppendResult(_session(srow), message, created=False, duplicate=True, closed=None)
+
+            current = await self._active_tx(tx, conv_key)
+            if current is not None and now - current.updated_at > self.idle_timeout:
+                closed = await self._close_tx(tx, current, now)
+                current = None
+            if current is None:
+                session_id = await self._new_id(tx, now)
+                await tx.execute(
+                    "INSERT INTO sessions(id, title, model, conv_key, chat_id, thread_id, chat_type, owner_id, "
+                    "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, make_title(content), model, conv_key, scope.chat_id, scope.thread_id,
+                     scope.chat_type, scope.user_id, now, now),
+                )
+                created = True
+            else:
+                session_id = current.id
+                if model and not current.model:
+                    await tx.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
+            cur = await tx.execute(
+                "INSERT INTO messages(session_id, role, content, sender_id, sender_name, lark_message_id, created_at) "
+                "VALUES (?, 'user', ?, ?, ?, ?, ?)",
+                (session_id, content, scope.user_id, sender_name, lark_message_id, now),
+            )
+            message_id = cur.lastrowid
+            await cur.close()
+            await tx.execute(
+                "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
+                "active_session_id = excluded.active_session_id, chat_type = excluded.chat_type, "
+                "updated_at = excluded.updated_at",
+                (conv_key, scope.chat_id, scope.thread_id, scope.chat_type, session_id, now),
+            )
+            message = _message(await _one(tx, f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,)))
+            session = _session(await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session_id,)))
+        if closed is not None:
+            await self._notify([closed])
+        return AppendResult(session, message, created=created, duplicate=False, closed=closed)
+
+    async def append_assistant(
+        self, session_id: str, content: str, *, tool_calls: Any | None = None
+    ) -> StoredMessage:
+        """Store the bot's reply in ``session_id`` (tool calls as JSON)."""
+        if not isinstance(content, str):
+            raise TypeError("content must be a string")
+        calls = None if tool_calls is None else json.dumps(tool_calls, ensure_ascii=False)
+        now = self.clock()
+        async with self.db.transaction() as tx:
+            if await _one(tx, "SELECT 1 FROM sessions WHERE id = ?", (session_id,)) is None:
+                raise SessionNotFound(session_id)
+            cur = await tx.execute(
+                "INSERT INTO messages(session_id, role, content, tool_calls, created_at) "
+                "VALUES (?, 'assistant', ?, ?, ?)",
+                (session_id, content, calls, now),
+            )
+            message_id = cur.lastrowid
+            await cur.close()
+            row = await _one(tx, f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,))
+        return _message(row)
+
+    async def _active_tx(self, tx: aiosqlite.Connection, conv_key: str) -> SessionInfo | None:
+        row = await _one(
+            tx,
+            f"SELECT {_SESSION_COLS} FROM conversations c JOIN sessions s ON s.id = c.active_session_id "
+            "WHERE c.conv_key = ? AND s.closed_at IS NULL",
+            (conv_key,),
+        )
+        return _session(row) if row else None
+
+    async def _new_id(self, tx: aiosqlite.Connection, now: float) -> str:
+        """``s_YYYYMMDD_HHMM_xxxx`` (local time, random hex). Unique; the tail is kept unique
+        too while that is easy, so that short ids stay unambiguous."""
+        stamp = time.strftime("%Y%m%d_%H%M", time.localtime(now))
+        for attempt in range(_ID_ATTEMPTS):
+            tail = f"{self._rng.getrandbits(16):04x}"
+            session_id = f"s_{stamp}_{tail}"
+            if attempt < _TAIL_ATTEMPTS:
+                taken = await _one(tx, "SELECT 1 FROM sessions WHERE substr(id, -4) = ? LIMIT 1", (tail,))
+            else:
+                taken = await _one(tx, "SELECT 1 FROM sessions WHERE id = ?", (session_id,))
+            if taken is None:
+                return session_id
+        raise DatabaseError("could not allocate a new session id (too many sessions this minute)")
+
+    # -- writes: lifecycle ---------------------------------------------------------------
+    async def _close_tx(self, tx: aiosqlite.Connection, session: SessionInfo, now: float) -> SessionInfo:
+        await tx.execute("UPDATE sessions SET closed_at = ? WHERE id = ?", (now, session.id))
+        await tx.execute(
+            "UPDATE conversations SET active_session_id = NULL, updated_at = ? WHERE active_session_id = ?",
+            (now, session.id),
+        )
+        row = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session.id,))
+        return _session(row)
+
+    async def close(self, session_id: str) -> SessionInfo | None:
+        """Close a session; returns it, or None if it was already closed."""
+        now = self.clock()
+        async with self.db.transaction() as tx:
+            row = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session_id,))
+            if row is None:
+                raise SessionNotFound(session_id)
+            session = _session(row)
+            if not session.is_open:
+                return None
+            closed = await self._close_tx(tx, session, now)
+        await self._notify([closed])
+        return closed
+
+    async def close_active(self, conv_key: str) -> SessionInfo | None:
+        """``/new``: close the conversation's active session (the next message starts one)."""
+        now = self.clock()
+        async with self.db.transaction() as tx:
+            current = await self._active_tx(tx, conv_key)
+            if current is None:
+                return None
+            closed = await self._close_tx(tx, current, now)
+        await self._notify([closed])
+        return closed
+
+    async def close_idle(self) -> builtins.list[SessionInfo]:
+        """Close every open session idle for longer than ``idle_timeout``."""
+        now = self.clock()
+        return await self._close_where("s.updated_at < ?", (now - self.idle_timeout,), now)
+
+    async def close_all(self) -> builtins.list[SessionInfo]:
+        """Shutdown: close every open session."""
+        return await self._close_where("1=1", (), self.clock())
+
+    async def _close_where(self, where: str, params: Sequence[Any], now: float) -> builtins.list[SessionInfo]:
+        async with self.db.transaction() as tx:
+            rows = await _all(
+                tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.closed_at IS NULL AND {where} "
+                "ORDER BY s.updated_at", params,
+            )
+            closed = [await self._close_tx(tx, _session(r), now) for r in rows]
+        await self._notify(closed)
+        return closed
+
+    async def delete(self, session_id: str) -> bool:
+        """Delete a session and its messages (no close notification)."""
+        async with self.db.transaction() as tx:
+            cur = await tx.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            deleted = cur.rowcount > 0
+            await cur.close()
+        return deleted
+
+    async def cleanup_empty(self) -> int:
+        """Delete sessions that have no messages (run at start and at shutdown)."""
+        async with self.db.transaction() as tx:
+            cur = await tx.execute(
+                "DELETE FROM sessions WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = sessions.id)"
+            )
+            n = cur.rowcount
+            await cur.close()
+        return n
+
+    async def delete_user_messages(self, user_id: str) -> EraseResult:
+        """Admin erase: remove the user's messages and the bot's replies to them (the
+        assistant messages that follow one of their messages), drop sessions left without
+        a user message, re-title and re-own the sessions that remain, forget membership."""
+        if not user_id:
+            raise ValueError("user_id is required")
+        async with self.db.transaction() as tx:
+            sids = [r[0] for r in await _all(
+                tx, "SELECT DISTINCT session_id FROM messages WHERE sender_id = ? AND role = 'user'", (user_id,)
+            )]
+            ids_json = json.dumps(sids)
+            cur = await tx.execute(
+                "DELETE FROM messages WHERE role = 'assistant' "
+                "AND session_id IN (SELECT value FROM json_each(?)) "
+                "AND (SELECT p.sender_id FROM messages p WHERE p.session_id = messages.session_id "
+                "     AND p.role = 'user' AND p.id < messages.id ORDER BY p.id DESC LIMIT 1) = ?",
+                (ids_json, user_id),
+            )
+            removed = cur.rowcount
+            await cur.close()
+            cur = await tx.execute("DELETE FROM messages WHERE sender_id = ? AND role = 'user'", (user_id,))
+            removed += cur.rowcount
+            await cur.close()
+            cur = await tx.execute(
+                "DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?)) AND NOT EXISTS "
+                "(SELECT 1 FROM messages m WHERE m.session_id = sessions.id AND m.role = 'user')",
+                (ids_json,),
+            )
+            sessions_removed = cur.rowcount
+            await cur.close()
+            remaining = await _all(
+                tx,
+                "SELECT s.id, (SELECT m.content || char(0) || m.sender_id FROM messages m "
+                "  WHERE m.session_id = s.id AND m.role = 'user' ORDER BY m.id LIMIT 1) AS first "
+                "FROM sessions s WHERE s.id IN (SELECT value FROM json_each(?))",
+                (ids_json,),
+            )
+            for row in remaining:
+                content, _, sender = (row["first"] or "").rpartition("\x00")
+                await tx.execute(
+                    "UPDATE sessions SET title = ?, owner_id = CASE WHEN owner_id = ? THEN ? ELSE owner_id END "
+                    "WHERE id = ?",
+                    (make_title(content), user_id, sender, row["id"]),
+                )
+            await tx.execute("DELETE FROM conversation_members WHERE user_id = ?", (user_id,))
+        return EraseResult(messages=removed, sessions=sessions_removed)
+
+    # -- resolve and resume --------------------------------------------------------------
+    async def resolve(self, ref: str, *, user_id: str | None = None) -> SessionInfo:
+        """A session by full id, unique tail (``d139``) or ``last`` (the most recently
+        active session the user can see). Raises SessionNotFound / AmbiguousSession."""
+        where, params = self._filters(None, user_id)
+        return await self._resolve(self.db.conn, ref, where, params)
+
+    async def _resolve(
+        self, tx: aiosqlite.Connection, ref: str, where: str, params: Sequence[Any],
+        *, exclude: str | None = None,
+    ) -> SessionInfo:
+        norm = (ref or "").strip().lower()
+        if not norm:
+            raise SessionNotFound(ref, "which session? give an id, its last characters, or 'last'")
+        params = list(params)
+        if exclude is not None:
+            where += " AND s.id <> ?"
+            params.append(exclude)
+        if norm == "last":
+            row = await _one(
+                tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE {where} "
+                "ORDER BY s.updated_at DESC, s.id DESC LIMIT 1", params,
+            )
+            if row is None:
+                raise SessionNotFound(ref, "no earlier session to resume")
+            return _session(row)
+        if not _REF_RE.match(norm):
+            raise SessionNotFound(ref)
+        row = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ? AND {where}", [norm, *params])
+        if row is not None:
+            return _session(row)
+        suffix = like_pattern(norm)[:-1]   # '%tail': ends with the ref
+        if len(norm) >= 4:
+            tail_sql = "substr(s.id, -4) = ? AND s.id LIKE ? ESCAPE '\\'"
+            tail_params: list[Any] = [norm[-4:], suffix]
+        else:
+            tail_sql, tail_params = "s.id LIKE ? ESCAPE '\\'", [suffix]
+        rows = await _all(
+            tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE {tail_sql} AND {where} "
+            "ORDER BY s.updated_at DESC, s.id DESC LIMIT ?", [*tail_params, *params, MAX_CANDIDATES + 1],
+        )
+        if not rows:
+            raise SessionNotFound(ref)
+        if len(rows) == 1:
+            return _session(rows[0])
+        total = len(rows)
+        if total > MAX_CANDIDATES:
+            count = await _one(
+                tx, f"SELECT COUNT(*) FROM sessions s WHERE {tail_sql} AND {where}", [*tail_params, *params]
+            )
+            total = count[0]
+        raise AmbiguousSession(ref, [_session(r) for r in rows[:MAX_CANDIDATES]], total)
+
+    async def resume(self, conv_key: str, ref: str, *, user_id: str | None) -> SessionInfo:
+        """Make a session the conversation's active one: close the current active session
+        (listeners are notified), re-open the resumed one. ``ref`` as in ``resolve``;
+        ``last`` means the most recent resumable session other than the active one.
+
+        Resumable: the conversation's own sessions, if ``user_id`` took part in it (or is
+        None: the operator); and in a one-person p2p chat, the p2p sessions the same user
+        started in another p2p conversation of theirs (the session moves here). Anything
+        else raises SessionNotFound, as an unknown id does."""
+        now = self.clock()
+        async with self.db.transaction() as tx:
+            conv = await _one(tx, "SELECT * FROM conversations WHERE conv_key = ?", (conv_key,))
+            current = await self._active_tx(tx, conv_key)
+            clauses: list[str] = []
+            params: list[Any] = []
+            same_ok = user_id is None or await _one(
+                tx, "SELECT 1 FROM conversation_members WHERE user_id = ? AND conv_key = ?", (user_id, conv_key)
+            ) is not None
+            if same_ok:
+                clauses.append("s.conv_key = ?")
+                params.append(conv_key)
+            cross_ok = (
+                user_id is not None and conv is not None and conv["chat_type"] in PRIVATE_CHAT_TYPES
+                and await _one(
+                    tx, "SELECT 1 FROM conversation_members WHERE conv_key = ? AND user_id <> ? LIMIT 1",
+                    (conv_key, user_id),
+                ) is None
+            )
+            if cross_ok:
+                clauses.append(
+                    "(s.chat_type = ? AND s.owner_id = ? AND "
+                    "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?))"
+                )
+                params += [conv["chat_type"], user_id, user_id]
+            where = "(" + " OR ".join(clauses) + ")" if clauses else "0"
+            exclude = current.id if current is not None and (ref or "").strip().lower() == "last" else None
+            target = await self._resolve(tx, ref, where, params, exclude=exclude)
+            if current is not None and current.id == target.id:
+                return current
+            closed = await self._close_tx(tx, current, now) if current is not None else None
+            if target.conv_key != conv_key:   # the user's own p2p session moving into this p2p chat
+                await tx.execute(
+                    "UPDATE conversations SET active_session_id = NULL WHERE active_session_id = ?", (target.id,)
+                )
+                await tx.execute(
+                    "UPDATE sessions SET conv_key = ?, chat_id = ?, thread_id = ?, chat_type = ? WHERE id = ?",
+                    (conv_key, conv["chat_id"], conv["thread_id"], conv["chat_type"], target.id),
+                )
+            await tx.execute("UPDATE sessions SET closed_at = NULL, updated_at = ? WHERE id = ?", (now, target.id))
+            await tx.execute(
+                "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
+                "active_session_id = excluded.active_session_id, updated_at = excluded.updated_at",
+                (conv_key, target.chat_id, target.thread_id, target.chat_type, target.id, now),
+            )
+            resumed = _session(await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (target.id,)))
+        if closed is not None:
+            await self._notify([closed])
+        return resumed
+
+    # -- search --------------------------------------------------------------------------
+    async def search(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        conv_key: str | None = None,
+        limit: int = 20,
+        method: str = "auto",
+    ) -> builtins.list[SearchHit]:
+        """Sessions whose messages or title contain ``query`` (literally), best first.
+
+        ``method``: "auto" (FTS for queries of 3+ characters, LIKE below), "fts" or "like".
+        Raises EmptyQuery (a ValueError) for an empty or blank query.
+        """
+        q = (query or "").replace("\x00", "").strip()   # SQLite would cut a pattern at NUL
+        if not q:
+            raise EmptyQuery()
+        if method == "auto":
+            method = "fts" if len(q) >= MIN_FTS_CHARS else "like"
+        if method == "fts" and len(q) < MIN_FTS_CHARS:
+            raise ValueError(f"full-text search needs at least {MIN_FTS_CHARS} characters")
+        if method not in ("fts", "like"):
+            raise ValueError(f"unknown search method {method!r}")
+        limit = max(1, int(limit))
+        where, params = self._filters(conv_key, user_id)
+
+        if method == "fts":
+            message_rows = await self.db.fetchall(
+                "WITH hits AS MATERIALIZED ("
+                "  SELECT m.session_id AS sid, m.id AS mid, bm25(messages_fts) AS score"
+                "  FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+                f"  {'JOIN sessions s ON s.id = m.session_id' if params else ''}"
+                f"  WHERE messages_fts MATCH ? AND {where}"
+                "), best AS ("
+                "  SELECT sid, MIN(score) AS score, mid, COUNT(*) AS n FROM hits GROUP BY sid"
+                f") SELECT best.score, best.mid, best.n, {_SESSION_COLS} FROM best JOIN sessions s ON s.id = best.sid"
+                " ORDER BY best.score, s.updated_at DESC LIMIT ?",
+                [fts_phrase(q), *params, limit],
+            )
+        else:
+            message_rows = await self.db.fetchall(
+                "WITH best AS ("
+                "  SELECT m.session_id AS sid, 0.0 AS score, MAX(m.id) AS mid, COUNT(*) AS n"
+                f"  FROM messages m {'JOIN sessions s ON s.id = m.session_id' if params else ''}"
+                f"  WHERE m.content LIKE ? ESCAPE '\\' AND {where} GROUP BY m.session_id"
+                f") SELECT best.score, best.mid, best.n, {_SESSION_COLS} FROM best JOIN sessions s ON s.id = best.sid"
+                " ORDER BY s.updated_at DESC, s.id DESC LIMIT ?",
+                [like_pattern(q), *params, limit],
+            )
+        title_rows = await self.db.fetchall(
+            f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.title LIKE ? ESCAPE '\\' AND {where} "
+            "ORDER BY s.updated_at DESC, s.id DESC LIMIT ?",
+            [like_pattern(q), *params, limit],
+        )
+
+        contents = {}
+        mids = [r["mid"] for r in message_rows]
+        if mids:
+            contents = {
+                r["id"]: r["content"]
+                for r in await self.db.fetchall(
+                    "SELECT id, content FROM messages WHERE id IN (SELECT value FROM json_each(?))",
+                    (json.dumps(mids),),
+                )
+            }
+        hits: list[SearchHit] = []
+        seen: set[str] = set()
+        for r in message_rows:
+            info = _session(r)
+            seen.add(info.id)
+            score = -float(r["score"]) if method == "fts" else float(r["n"])
+            hits.append(SearchHit(info, make_snippet(contents.get(r["mid"], ""), q), score, r["mid"], r["n"], method))
+        for r in title_rows:   # titles that match where no message does (whitespace folded)
+            info = _session(r)
+            if info.id not in seen:
+                hits.append(SearchHit(info, make_snippet(info.title, q), 0.0, None, 0, method))
+        if method == "fts":
+            hits.sort(key=lambda h: (-h.score, -h.session.updated_at))
+        else:
+            hits.sort(key=lambda h: (-h.session.updated_at, h.session.id), reverse=False)
+        return hits[:limit]

@@ -1,0 +1,230 @@
+"""Erasing one user (memory/erase.py): one transaction, every table, nobody else touched.
+
+Data is written through the real stores; the check afterwards is an independent scan of
+every column of every table in the database for the user's ids.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from bot.inbox import Inbox
+from memory.audit import AuditLog
+from memory.episodic import EpisodeStore
+from memory.erase import ERASED_PAYLOAD, erase_user, find_user
+from memory.facts import FactStore
+from memory.modes import COMPANION, ModeStore
+from memory.procedures import ProcedureStore
+from memory.profile import ProfileStore
+from memory.scope import Scope
+from memory.sessions import SessionStore
+from memory.working import Work, WorkingMemory
+from tests.fakes.lark_events import make_text_event
+
+ALICE, BOB = "ou_alice", "ou_bob"
+ALICE_IDS = ("ou_alice", "on_alice")       # open_id and union_id as Lark sends them
+P2P_A, P2P_B, GROUP = "oc_p2p_alice", "oc_p2p_bob", "oc_group"
+
+
+async def scan(db, needles) -> dict[str, int]:
+    """Rows of every ordinary table (FTS index internals aside) with a needle in any column."""
+    found: dict[str, int] = {}
+    tables = await db.fetchall("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
+    for t in tables:
+        name, sql = t["name"], t["sql"] or ""
+        if name.startswith("sqlite_") or sql.upper().startswith("CREATE VIRTUAL"):
+            continue
+        if any(name.endswith(s) for s in ("_data", "_idx", "_docsize", "_config", "_content")) and "_fts" in name:
+            continue
+        cols = [c["name"] for c in await db.fetchall(f'PRAGMA table_info("{name}")')]
+        for needle in needles:
+            where = " OR ".join(f'instr(CAST("{c}" AS TEXT), ?) > 0' for c in cols)
+            row = await db.fetchone(f'SELECT COUNT(*) AS n FROM "{name}" WHERE {where}', [needle] * len(cols))
+            if row["n"]:
+                found[f"{name}:{needle}"] = row["n"]
+    return found
+
+
+class World:
+    """Alice and Bob, each with a p2p chat, both in one group; everything written for real."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+        self.sessions = SessionStore(db)
+        self.working = WorkingMemory(db, self.sessions)
+        self.facts = FactStore(db)
+        self.procedures = ProcedureStore(db)
+        self.profile = ProfileStore(db)
+        self.episodes = EpisodeStore(db)
+        self.modes = ModeStore(db)
+        self.inbox = Inbox(db)
+        self.n = 0
+
+    def scope(self, user: str, chat: str, *, admin: bool = False) -> Scope:
+        self.n += 1
+        return Scope(user_id=user, chat_id=chat, chat_type="p2p" if chat.startswith("oc_p2p") else "group",
+                     message_id=f"om_{self.n}", is_admin=admin)
+
+    async def say(self, user: str, chat: str, text: str, reply: str | None = None, *, mentions=None):
+        scope = self.scope(user, chat)
+        event = make_text_event(text, chat_id=chat, chat_type=scope.chat_type, sender=user,
+                                message_id=scope.message_id, mentions=mentions)
+        await self.inbox.accept(event_id=event["header"]["event_id"], message_id=scope.message_id,
+                                chat_id=chat, conv_key=chat, create_time=time.time(),
+                                payload=json.dumps(event, ensure_ascii=False))
+        res = await self.sessions.append_user(scope, text, sender_name=user[3:].title(),
+                                              lark_message_id=scope.message_id)
+        if reply is not None:
+            await self.sessions.append_assistant(res.session.id, reply)
+            await self.db.execute(
+                "INSERT INTO outbox(uuid, chat_id, reply_to, kind, status, created_at) VALUES (?,?,?,?,?,?)",
+                (f"r-{scope.message_id}", chat, scope.message_id, "text", "sent", time.time()))
+        return res.session
+
+    async def populate(self) -> dict[str, str]:
+        sid = {}
+        # p2p: Alice, two turns; Bob, two turns
+        sid["a"] = (await self.say(ALICE, P2P_A, "我叫爱丽丝，最近在学吉他", "好的")).id
+        await self.say(ALICE, P2P_A, "secret hobby: zebra-painting", "nice")
+        sid["b"] = (await self.say(BOB, P2P_B, "I like tea", "ok")).id
+        await self.say(BOB, P2P_B, "and biscuits", "ok")
+        # group: Alice starts, Bob answers, Alice again (Bob mentions Alice)
+        sid["g"] = (await self.say(ALICE, GROUP, "alice-group-words here", "reply to alice")).id
+        await self.say(BOB, GROUP, "bob-group-words @Alice", "reply to bob", mentions=[ALICE])
+        await self.say(ALICE, GROUP, "alice again", "second reply to alice")
+        # a session of Alice that Bob continued after she started it (owner = Alice)
+        sid["g2"] = (await self.say(ALICE, "oc_group2", "alice opens topic", "r1")).id
+        await self.say(BOB, "oc_group2", "bob continues", "r2")
+        # warm summary over the group's first turns; consolidation writes for both
+        first = (await self.sessions.messages(sid["g"], limit=1))[0].id
+        msgs = await self.sessions.messages(sid["g"])
+        await self.working.commit_compression(
+            Work(sid["g"], "compress", 0, msgs[3].id, 2), "alice-summary of group", model="m", first_msg_id=first)
+        await self.working.commit_extraction(
+            sid["g"], after_id=0, upto_id=msgs[3].id,
+            writes=[("fact", ALICE, {"content": "alice-pending"}), ("fact", BOB, {"content": "bob-pending"})],
+            rolling_summary="alice-rolling", fold_upto=msgs[3].id, reset_warm=False)
+        # memory layers
+        for user, chat in ((ALICE, P2P_A), (ALICE, GROUP), (BOB, P2P_B), (BOB, GROUP)):
+            await self.facts.add(self.scope(user, chat), f"{user} likes {chat} music", "preference",
+                                 source="agent_proactive")
+            await self.profile.update(self.scope(user, chat), "goals", f"{user} goal in {chat}")
+            await self.procedures.add(self.scope(user, chat), f"{user} rule for {chat}")
+            await self.modes.set(user, chat, COMPANION)
+        await self.procedures.add(self.scope(ALICE, GROUP, admin=True), "chat rule by alice", chat_scope=True)
+        for user, s in ((ALICE, sid["a"]), (ALICE, sid["g"]), (BOB, sid["b"]), (BOB, sid["g"])):
+            await self.episodes.write(session_id=s, user_id=user, chat_id="c", chat_type="p2p",
+                                      summary=f"{user} episode about guitar lessons", turn_count=2)
+        await AuditLog(self.db).record(BOB, "reset_user", target=ALICE, chat_id=GROUP, detail="erase")
+        return sid
+
+
+@pytest.fixture
+async def world(db):
+    w = World(db)
+    w.sid = await w.populate()
+    return w
+
+
+async def counts(db, user: str) -> dict[str, int]:
+    out = {}
+    for table, col in (("facts", "user_id"), ("profile_entries", "user_id"), ("episodes", "user_id"),
+                       ("modes", "user_id"), ("messages", "sender_id"), ("conversation_members", "user_id")):
+        row = await db.fetchone(f"SELECT COUNT(*) AS n FROM {table} WHERE {col} = ?", (user,))
+        out[table] = row["n"]
+    row = await db.fetchone("SELECT COUNT(*) AS n FROM procedures WHERE scope = 'user' AND scope_id = ?", (user,))
+    out["procedures"] = row["n"]
+    return out
+
+
+async def test_erase_leaves_nothing_of_the_user_anywhere(world):
+    db = world.db
+    before = await scan(db, ALICE_IDS)
+    assert {k.split(":")[0] for k in before} >= {
+        "facts", "profile_entries", "episodes", "modes", "messages", "procedures", "inbox",
+        "sessions", "conversation_members", "consolidation_writes", "audit"}
+    bob_before = await counts(db, BOB)
+
+    result = await erase_user(db, ALICE)
+
+    assert result.counts["facts"] == 2 and result.counts["episodes"] == 2
+    left = await scan(db, ALICE_IDS)
+    # The audit row naming her is the one place her id remains (accountability).
+    assert left == {"audit:ou_alice": 1}, left
+    assert await find_user(db, ALICE, skip=("audit",)) == {}
+    assert await counts(db, BOB) == bob_before
+
+
+async def test_erase_removes_her_words_and_the_replies_to_them(world):
+    db = world.db
+    await erase_user(db, ALICE)
+    contents = [r["content"] for r in await db.fetchall("SELECT content FROM messages ORDER BY id")]
+    for gone in ("爱丽丝", "zebra", "alice-group-words", "alice again", "reply to alice",
+                 "second reply to alice", "alice opens topic", "r1"):
+        assert not any(gone in c for c in contents), (gone, contents)
+    # Bob's turns in the shared group are intact, replies included.
+    assert "bob-group-words @Alice" in contents and "reply to bob" in contents
+    assert "bob continues" in contents and "r2" in contents
+    # Her p2p session is gone; the group sessions survive, re-titled and re-owned by Bob.
+    assert await world.sessions.get(world.sid["a"]) is None
+    g2 = await world.sessions.get(world.sid["g2"])
+    assert g2.owner_id == BOB and g2.title == "bob continues"
+    assert g2.message_count == 2 and g2.user_turns == 1
+    # Warm memory derived from her turns is gone; Bob's pending write stays.
+    assert await world.working.warm(world.sid["g"]) == []
+    assert (await world.working.state(world.sid["g"])).rolling_summary == ""
+    assert [w[2] for w in await world.working.pending_writes(world.sid["g"])] == [BOB]
+    # Full-text search no longer finds her words.
+    assert await world.sessions.search("zebra-painting") == []
+    assert await world.episodes.search(ALICE, "guitar") == []
+    assert len(await world.episodes.search(BOB, "guitar")) == 2
+
+
+async def test_erase_keeps_the_inbox_as_dedup_record_and_drops_her_outbox(world):
+    db = world.db
+    await erase_user(db, ALICE)
+    rows = await db.fetchall("SELECT message_id, payload, note FROM inbox ORDER BY id")
+    erased = [r for r in rows if r["payload"] == ERASED_PAYLOAD]
+    assert len(erased) == 5 and all(r["note"] == "erased" for r in erased)
+    # A redelivery of one of her events is still recognised as seen.
+    again = await world.inbox.accept(event_id="ev_other", message_id=erased[0]["message_id"], chat_id=P2P_A,
+                                     conv_key=P2P_A, create_time=time.time(), payload="{}")
+    assert again is None
+    # Bob's event that mentioned her still parses; the mention lost her ids and name.
+    bob_event = next(json.loads(r["payload"]) for r in rows if "bob-group-words" in r["payload"])
+    [m] = bob_event["event"]["message"]["mentions"]
+    assert m["id"] == {"union_id": "", "user_id": "", "open_id": ""} and m["name"] == ""
+    outbox = [r["reply_to"] for r in await db.fetchall("SELECT reply_to FROM outbox")]
+    assert len(outbox) == 4   # Bob's four replies, and only Bob's
+    senders = {r["message_id"] for r in rows if r["payload"] != ERASED_PAYLOAD}
+    assert set(outbox) <= senders
+
+
+async def test_erase_is_one_transaction(world):
+    db = world.db
+    before = await scan(db, ALICE_IDS)
+    # Make the last table fail half-way (a temporary trigger: SQLite's own abort, no mocks).
+    await db.conn.execute(
+        "CREATE TEMP TRIGGER fail_erase BEFORE DELETE ON main.modes BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    with pytest.raises(Exception, match="boom"):
+        await erase_user(db, ALICE)
+    await db.conn.execute("DROP TRIGGER temp.fail_erase")
+    assert await scan(db, ALICE_IDS) == before
+    assert await world.sessions.get(world.sid["a"]) is not None
+
+
+async def test_erase_of_unknown_or_empty_user(db):
+    result = await erase_user(db, "ou_nobody")
+    assert result.total == 0
+    with pytest.raises(ValueError):
+        await erase_user(db, "  ")
+
+
+async def test_chat_rules_she_set_stay_with_the_chat(world):
+    await erase_user(world.db, ALICE)
+    rules = await world.procedures.list(BOB, GROUP)
+    assert "chat rule by alice" in [r.rule for r in rules]
+    assert all(r.created_by != ALICE for r in rules)
