@@ -122,7 +122,7 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
         ) if session_ids else []
 
         # Replies to their messages in the outbox (attributable by the triggering message).
-        c["outbox"] = 0 and await _run(
+        c["outbox"] = await _run(
             tx, "DELETE FROM outbox WHERE reply_to IN ("
                 " SELECT lark_message_id FROM messages WHERE sender_id = ? AND lark_message_id IS NOT NULL"
                 f" UNION SELECT message_id FROM inbox WHERE message_id IS NOT NULL AND {_SENDER} = ?)",

@@ -155,6 +155,10 @@ async def test_erase_leaves_nothing_of_the_user_anywhere(world):
     # The audit row naming her is the one place her id remains (accountability).
     assert left == {"audit:ou_alice": 1}, left
     assert await find_user(db, ALICE, skip=("audit",)) == {}
+    # Nor her words, or anything derived from them (replies, warm and rolling summaries, writes).
+    her_words = ("爱丽丝", "zebra", "alice-group-words", "alice again", "alice opens topic",
+                 "reply to alice", "alice-summary", "alice-rolling", "alice-pending")
+    assert await scan(db, her_words) == {}
     assert await counts(db, BOB) == bob_before
 
 
@@ -174,7 +178,7 @@ async def test_erase_removes_her_words_and_the_replies_to_them(world):
     assert g2.owner_id == BOB and g2.title == "bob continues"
     assert g2.message_count == 2 and g2.user_turns == 1
     # Warm memory derived from her turns is gone; Bob's pending write stays.
-    assert await world.working.warm(world.sid["g"]) == []
+    assert await db.fetchall("SELECT * FROM warm_summaries WHERE session_id = ?", (world.sid["g"],)) == []
     assert (await world.working.state(world.sid["g"])).rolling_summary == ""
     assert [w[2] for w in await world.working.pending_writes(world.sid["g"])] == [BOB]
     # Full-text search no longer finds her words.

@@ -176,6 +176,9 @@ async def test_anthropic_tool_use_round(fake_llm, llm):
     with pytest.raises(anthropic.BadRequestError, match="without `tool_result`"):
         await llm.messages.create(model=MODEL, max_tokens=64, tools=tools, messages=history + [
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "ok"}]}])
+    with pytest.raises(anthropic.BadRequestError, match="unexpected `tool_use_id`"):
+        await llm.messages.create(model=MODEL, max_tokens=64, tools=tools, messages=USER + [
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "?"}]}])
     results = [{"type": "tool_result", "tool_use_id": u.id, "content": f"saved {i}"} for i, u in enumerate(uses)]
     second = await llm.messages.create(model=MODEL, max_tokens=64, tools=tools,
                                        messages=history + [{"role": "user", "content": results}])
@@ -559,10 +562,10 @@ def _dispatch(headers: dict, body: bytes, *, encrypt_key: str, token: str, seen:
 def test_webhook_request_accepted_by_sdk_dispatcher():
     event = make_text_event("@_user_1 总结一下", chat_id="oc_group_1", chat_type="group",
                             mentions=["ou_bot", "ou_bob"])
-    headers, body = webhook_request(event, encrypt_key=KEY, verification_token="vtoken")
+    headers, body = webhook_request(event, encrypt_key=KEY, verification_token="tok-2")
     assert set(json.loads(body)) == {"encrypt"}
     seen: list = []
-    resp = _dispatch(headers, body, encrypt_key=KEY, token="vtoken", seen=seen)
+    resp = _dispatch(headers, body, encrypt_key=KEY, token="tok-2", seen=seen)
     assert resp.status_code == 200, resp.content
     [parsed] = seen
     message = parsed.event.message
@@ -572,11 +575,11 @@ def test_webhook_request_accepted_by_sdk_dispatcher():
     assert parsed.event.sender.sender_id.open_id == "ou_alice"
     # a tampered body fails the signature check
     tampered = body.replace(b'"}', b'A"}') if body.endswith(b'"}') else body + b" "
-    assert _dispatch(headers, tampered, encrypt_key=KEY, token="vtoken", seen=[]).status_code == 500
+    assert _dispatch(headers, tampered, encrypt_key=KEY, token="tok-2", seen=[]).status_code == 500
     # plain (unencrypted) requests carry the verification token
-    h2, b2 = webhook_request(event, verification_token="vtoken")
-    assert json.loads(b2)["header"]["token"] == "vtoken" and "X-Lark-Signature" not in h2
-    assert _dispatch(h2, b2, encrypt_key="", token="vtoken", seen=[]).status_code == 200
+    h2, b2 = webhook_request(event, verification_token="tok-2")
+    assert json.loads(b2)["header"]["token"] == "tok-2" and "X-Lark-Signature" not in h2
+    assert _dispatch(h2, b2, encrypt_key="", token="tok-2", seen=[]).status_code == 200
     assert _dispatch(h2, b2, encrypt_key="", token="other", seen=[]).status_code == 500
 
 

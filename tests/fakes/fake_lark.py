@@ -892,7 +892,7 @@ class FakeLark(ThreadedAiohttpServer):
             ok = (issued is not None and token not in self._revoked
                   and time.monotonic() < issued + self.token_ttl)
         if not ok:
-            return self.invalid_token_status, {"code": 99991663, "msg": token_invalid()["msg"]}, {}
+            return 200, {"code": 99991663, "msg": token_invalid()["msg"]}, {}
         return None
 
     # ---- auth / bot ---------------------------------------------------------------------

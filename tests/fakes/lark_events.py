@@ -206,7 +206,7 @@ def url_verification(challenge: str, token: str) -> dict:
 
 def _key(encrypt_key: str | bytes) -> bytes:
     raw = encrypt_key.encode() if isinstance(encrypt_key, str) else encrypt_key
-    return hashlib.sha256(raw + b"x").digest()
+    return hashlib.sha256(raw).digest()
 
 
 def encrypt(plaintext: bytes | str, encrypt_key: str | bytes, *, iv: bytes | None = None) -> str:
