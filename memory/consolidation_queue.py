@@ -288,7 +288,7 @@ class ConsolidationQueue:
         if last is None or last.id <= state.episode_upto:
             return
         # 1. facts from the turns no extraction has read yet
-        if False:
+        if last.id > state.extracted_upto:
             turns = await self.working.turns(sid, state.extracted_upto, last.id)
             writes = await self._extraction_writes(meta, turns)
             await self.working.commit_extraction(

@@ -125,7 +125,8 @@ PSYCH_OFF = " Leave profile_psych empty."
 
 MAX_TRANSCRIPT = 24_000         # characters sent per request
 MAX_LINE = 2_000
-MAX_TOKENS = 1024
+MAX_TOKENS = 2048
+MAX_SUMMARY_CHARS = 4000       # a runaway summary is cut, never stored whole
 
 # injected memory must never be read back as something the user said
 _INJECTED_BLOCK = re.compile(
@@ -333,7 +334,10 @@ def _summary(out: dict[str, Any]) -> str:
     summary = out.get("summary")
     if not isinstance(summary, str) or not summary.strip():
         raise ConsolidationError("write_summary returned no summary")
-    return summary.strip()
+    summary = summary.strip()
+    if len(summary) > MAX_SUMMARY_CHARS:
+        summary = summary[:MAX_SUMMARY_CHARS].rstrip() + "…"
+    return summary
 
 
 def _parse_json(text: str, model: str, tool: str) -> dict[str, Any]:

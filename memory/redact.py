@@ -99,7 +99,7 @@ _rule(r"(?:密码|口令|密钥|秘钥|私钥|令牌|PIN码|pin码)\s*(?:是|为
 _LEADING = "'\"`([{<"
 _TRAILING = ".,;:!?)]}>'\"`"
 
-_URL = re.compile(r"(?i)\b(?:https?|ftp|wss?)://[^\s<>\"'，。]+")
+_URL = re.compile(r"(?i)(?<![A-Za-z0-9])(?:https?|ftp|wss?)://[^\s<>\"'，。]+")
 _TOKEN = re.compile(r"(?<![A-Za-z0-9_+/=\-])[A-Za-z0-9_+/=\-]{%d,}" % MIN_TOKEN_LEN)
 _HEX = re.compile(r"[0-9a-fA-F\-]+")
 _PIECES = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")

@@ -396,14 +396,18 @@ async def test_admin_reset_closes_the_conversation_without_an_episode(h, chat_ty
                                          source="agent_proactive")).fact
     session = await h.app.memory.sessions.active(chat)
     await h.idle()
-    requests = len(h.model.requests())
+    requests = len(h.model.requests)
 
     answer = await ask(h, "/reset", sender=ADMIN, chat_id=chat, chat_type=chat_type)
     assert "reset" in answer.lower()
     assert await h.app.memory.sessions.active(chat) is None
     await h.idle()
     assert await h.app.memory.episodes.recent(user) == []
-    assert len(h.model.requests()) == requests                # no episode, no final extraction
+    assert len(h.model.requests) == requests                # no episode, no final extraction
+    await h.restart()                                          # recovery finds nothing due either
+    await h.idle()
+    assert await h.app.memory.episodes.recent(user) == []
+    assert len(h.model.requests) == requests
     assert await h.app.memory.facts.get(user, fact.id) is not None          # facts stay
     [row] = [r for r in await audit_rows(h, ADMIN) if r["action"] == "reset" and r["chat_id"] == chat]
     assert row["allowed"] == 1 and session.id in row["detail"]
@@ -414,7 +418,7 @@ async def test_admin_reset_closes_the_conversation_without_an_episode(h, chat_ty
 
 
 async def populate_user(h, victim: str, group: str) -> None:
-    p2p = f"oc_p2p_{victim}"
+    p2p = fresh("oc_p2p_victim")
     await ask(h, "my name is Victor and I like chess", sender=victim, chat_id=p2p)
     await ask(h, "remember I moved to Lyon", sender=victim, chat_id=p2p)
     await ask(h, "hello group, Victor here", sender=victim, chat_id=group, chat_type="group")
@@ -484,7 +488,7 @@ async def test_admin_stats(h):
 
 async def test_commands_never_call_the_model(h):
     group = fresh("oc_group_quiet")
-    before = len(h.model.requests())
+    before = len(h.model.requests)
     for sender, text, chat, kind in [
         (ALICE, "/help", ALICE_P2P, "p2p"), (ALICE, "/memory", group, "group"),
         (ALICE, "/sessions", ALICE_P2P, "p2p"), (ALICE, "/rules", group, "group"),
@@ -495,4 +499,4 @@ async def test_commands_never_call_the_model(h):
         (ALICE, "/whatever", ALICE_P2P, "p2p"),
     ]:
         await ask(h, text, sender=sender, chat_id=chat, chat_type=kind)
-    assert len(h.model.requests()) == before
+    assert len(h.model.requests) == before

@@ -205,9 +205,14 @@ async def test_anthropic_routes_do_not_consume_the_chat_script(fake_llm, llm):
             "required": ["facts", "profile_psych"]}}],
         tool_choice={"type": "tool", "name": "extract_memories"})
     assert other.content[0].input == {"facts": [], "profile_psych": []}
+    unrouted = await llm.messages.create(
+        model="claude-haiku-4-5", max_tokens=64, messages=USER,
+        output_config={"format": {"type": "json_schema", "schema": {
+            "type": "object", "properties": {"facts": {"type": "array"}}, "required": ["facts"]}}})
+    assert json.loads(unrouted.content[0].text) == {"facts": []}
     chat = await llm.messages.create(model=MODEL, max_tokens=64, messages=USER)
     assert chat.content[0].text == "chat answer" and fake_llm.pending() == 0
-    assert [r.kind for r in fake_llm.requests] == ["tool", "structured", "tool", "chat"]
+    assert [r.kind for r in fake_llm.requests] == ["tool", "structured", "tool", "structured", "chat"]
     assert len(fake_llm.chat_requests()) == 1 and len(fake_llm.tool_requests("write_summary")) == 1
 
 
@@ -328,6 +333,16 @@ def test_lark_reply_via_sdk(fake_lark, client):
     [call] = fake_lark.calls_to("reply")
     assert call.header("authorization").startswith("Bearer t-") and call.json["uuid"] == "u-1"
     assert call.status == 200 and call.code == 0
+
+
+def test_lark_each_fake_starts_with_a_fresh_token():
+    # lark-oapi caches tokens process-wide by app_id; a new fake must not see the old token
+    for _ in range(2):
+        with FakeLark() as fake:
+            client = (lark.Client.builder().app_id("cli_same").app_secret("s")
+                      .domain(fake.base_url).log_level(lark.LogLevel.ERROR).build())
+            assert client.im.v1.message.reply(reply_req("om_x", "hi")).success()
+            assert fake.token_fetches == 1
 
 
 def test_lark_uuid_idempotency(fake_lark, client):

@@ -64,7 +64,10 @@ def classify(exc: BaseException) -> ModelFailure:
         return exc
     if isinstance(exc, anthropic.RateLimitError):
         msg = str(exc).lower()
-        if any(h in msg for h in _SPEND_HINTS):
+        spend_cls = getattr(anthropic, "EnforcedSpendLimitReachedError", None)
+        if (spend_cls is not None and isinstance(exc, spend_cls)) \
+                or "spend_limit" in str(getattr(exc, "error_code", "") or "") \
+                or any(h in msg for h in _SPEND_HINTS):
             return ModelFailure("spend_limit", str(exc), 429)
         return ModelFailure("rate_limited", str(exc), 429)
     if isinstance(exc, anthropic.APIStatusError):
@@ -79,6 +82,11 @@ def classify(exc: BaseException) -> ModelFailure:
         return ModelFailure("timeout", str(exc))
     if isinstance(exc, anthropic.APIConnectionError):
         return ModelFailure("connection", str(exc))
+    # A timeout while reading a stream escapes the SDK as the transport's own exception.
+    if "Timeout" in type(exc).__name__:
+        return ModelFailure("timeout", repr(exc))
+    if type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore"):
+        return ModelFailure("connection", repr(exc))
     return ModelFailure("server", repr(exc))
 
 

@@ -639,12 +639,13 @@ class FakeLark(ThreadedAiohttpServer):
         with self._lock:
             return list(self._send_times.get(chat_id, []))
 
-    def max_sends_per_second(self, chat_id: str | None = ...) -> int:  # type: ignore[assignment]
-        """Largest number of deliveries within any 1-second window (one chat, or the worst)."""
+    def max_sends_per_second(self, chat_id: str | None = None) -> int:
+        """Largest number of deliveries into one chat within any 1-second window: for
+        ``chat_id``, or the worst chat when ``chat_id`` is None."""
         with self._lock:
             series = (
                 list(self._send_times.values())
-                if chat_id is ...
+                if chat_id is None
                 else [self._send_times.get(chat_id, [])]
             )
         best = 0
@@ -892,7 +893,7 @@ class FakeLark(ThreadedAiohttpServer):
             ok = (issued is not None and token not in self._revoked
                   and time.monotonic() < issued + self.token_ttl)
         if not ok:
-            return 200, {"code": 99991663, "msg": token_invalid()["msg"]}, {}
+            return self.invalid_token_status, {"code": 99991663, "msg": token_invalid()["msg"]}, {}
         return None
 
     # ---- auth / bot ---------------------------------------------------------------------

@@ -207,6 +207,9 @@ async def test_consolidation_never_blocks_the_reply_path(tmp_path, fake):
         assert w.queue.depth == 1                # coalesced: one job, re-run after
         await w.queue.wait_idle(10)
         assert len(await w.warm_rows()) == 1
+        # at most one job per session in flight: the second worker never raced the first
+        assert len(consolidation_calls(fake, "compress")) == 1
+        assert w.queue.stats().get("stale", 0) == 0
     finally:
         await w.close()
 

@@ -41,6 +41,9 @@ NOT_SECRETS = [
     "Reset your password: go to settings",
     "see https://github.com/anthropics/anthropic-sdk-python/blob/main/README.md",
     "https://open.feishu.cn/open-apis/im/v1/messages?receive_id_type=chat_id",
+    "周报在 https://acme.feishu.cn/docx/Xk9aQ2mB7pL4vR8sT1wZ3yN6cD 里",
+    "周报在https://acme.feishu.cn/wiki/Xk9aQ2mB7pL4vR8sT1wZ3yN6cD里",
+    "https://docs.google.com/document/d/1aBcD3eFgH4iJkL5mNoP6qRsT7uVwX8yZ/edit",
     "open_id ou_7d8a6e6df7621556ce0d21922b676706 chat oc_a0553eda9014c201e6969b478895c230",
     "message om_dc13264520392913993dd051dba21dcf",
     "app id cli_a1b2c3d4e5f6a7b8",
@@ -80,4 +83,6 @@ def test_redact_keeps_the_sentence_around_the_value():
     assert redact("use sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123 and AKIAIOSFODNN7EXAMPLE") == (
         "use [redacted] and [redacted]"
     )
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+    assert redact(f"session {jwt} expired") == "session [redacted] expired"
     assert redact("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\nafter") == "[redacted]\nafter"
