@@ -69,7 +69,7 @@ QUERIES = [
     ("latency", "en, common"),
     ("zzqxj", "no match"),
 ]
-SHORT_QUERIES = [("项目", "zh, 2 chars (LIKE only)")]
+SHORT_QUERIES = [("项目", "zh, 2 chars: LIKE only")]
 
 
 def _chinese_vocab(limit: int = 30000) -> tuple[list[str], list[float]]:

@@ -171,6 +171,10 @@ class EthanApp:
         await self.queue.recover()
         await self._recover_inbox()
         self._spawn(self._housekeeping(), "housekeeping")
+        # jieba's first load (~1 s) stays off the reply path.
+        from memory.episodic import warm_up
+
+        self._spawn(asyncio.to_thread(warm_up), "jieba-warm-up")
         self.ready = True
         log.info("app.ready", url=self.base_url, lark=s.lark_transport if s.lark_enabled else "off",
                  model=model.name, offline_model=s.offline_model, removed_empty_sessions=removed)

@@ -428,7 +428,7 @@ class Commands:
             # hears about the close (the queue, a restart's recovery) finds nothing to write.
             last = await working.last_message(active.id)
             if last is not None:
-                pass
+                await working.mark_episode(active.id, last.id)
             await sessions.close_active(conv)
         await self.audit.record(ctx.user, "reset", conv, ctx.inbound.chat_id,
                                 f"closed session {active.id}" if active else "no active session", allowed=True)

@@ -39,6 +39,7 @@ class Database:
         self.busy_timeout_ms = busy_timeout_ms
         self._conn: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
+        self._tx_owner: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     async def open(self) -> "Database":
@@ -137,6 +138,7 @@ class Database:
                 await conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as e:
                 raise DatabaseError(f"database is busy ({e}); another process holds the write lock") from e
+            self._tx_owner = asyncio.current_task()
             try:
                 yield conn
             except BaseException:
@@ -145,6 +147,18 @@ class Database:
                 raise
             else:
                 await conn.execute("COMMIT")
+            finally:
+                self._tx_owner = None
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[None]:
+        """Reads share the writer's connection; outside the transaction's own task they wait
+        for it to end, so nobody sees another coroutine's uncommitted rows."""
+        if self._write_lock.locked() and asyncio.current_task() is not self._tx_owner:
+            async with self._write_lock:
+                yield
+        else:
+            yield
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """One write statement in its own transaction; returns the number of rows changed."""
@@ -163,18 +177,20 @@ class Database:
             await tx.executemany(sql, rows)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        cur = await self.conn.execute(sql, params)
-        try:
-            return await cur.fetchone()
-        finally:
-            await cur.close()
+        async with self._read():
+            cur = await self.conn.execute(sql, params)
+            try:
+                return await cur.fetchone()
+            finally:
+                await cur.close()
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        cur = await self.conn.execute(sql, params)
-        try:
-            return list(await cur.fetchall())
-        finally:
-            await cur.close()
+        async with self._read():
+            cur = await self.conn.execute(sql, params)
+            try:
+                return list(await cur.fetchall())
+            finally:
+                await cur.close()
 
     async def backup_to(self, dest: str | Path) -> None:
         """A consistent copy while the server runs (SQLite online backup API)."""

@@ -244,7 +244,7 @@ def _negated(text: str) -> bool:
     return bool(_NEG_CN.search(_NEG_CN_NOT.sub("", text)))
 
 
-@lru_cache(maxsize=20_000)
+@lru_cache(maxsize=2048)   # ~11 KB an entry: a few users at default capacity
 def _analyse(text: str) -> _Text:
     """Everything matching needs about one text (pure; cached, facts are compared repeatedly)."""
     t = unicodedata.normalize("NFKC", text).casefold()
@@ -339,6 +339,17 @@ def top_query(scope: Scope, k: int) -> tuple[str, tuple[Any, ...]]:
         f"WHERE user_id = ? AND superseded_at IS NULL AND confidence >= ? AND {scope.visible_sql()} "
         "ORDER BY confidence DESC, last_accessed DESC, id ASC LIMIT ?",
         (scope.user_id, MIN_CONFIDENCE, int(k)),
+    )
+
+
+def touch_query(user_id: str, ids: list[int], now: float) -> tuple[str, tuple[Any, ...]]:
+    """Mark injected facts as accessed. ``+user_id`` keeps the owner filter but stops the
+    planner from scanning the user's whole index instead of looking the ids up by rowid
+    (it does that from about ten ids on); the same idiom is used wherever ids are listed."""
+    marks = ",".join("?" * len(ids))
+    return (
+        f"UPDATE facts SET last_accessed = ? WHERE +user_id = ? AND id IN ({marks})",
+        (now, user_id, *ids),
     )
 
 
@@ -437,7 +448,7 @@ class FactStore:
                 marks = ",".join("?" * len(contradicted))
                 await tx.execute(
                     f"UPDATE facts SET superseded_at = ?, superseded_by = ?, updated_at = ? "
-                    f"WHERE user_id = ? AND superseded_at IS NULL AND id IN ({marks})",
+                    f"WHERE +user_id = ? AND superseded_at IS NULL AND id IN ({marks})",
                     (now, fact_id, now, user, *contradicted),
                 )
             if action != "reinforced":
@@ -464,7 +475,7 @@ class FactStore:
         await cur.close()
         if ids:
             marks = ",".join("?" * len(ids))
-            await tx.execute(f"DELETE FROM facts WHERE user_id = ? AND id IN ({marks})", (user_id, *ids))
+            await tx.execute(f"DELETE FROM facts WHERE +user_id = ? AND id IN ({marks})", (user_id, *ids))
         return ids
 
     @staticmethod
@@ -544,11 +555,7 @@ class FactStore:
         facts = [_fact(r) for r in rows]
         if touch and facts:
             now = self.clock()
-            marks = ",".join("?" * len(facts))
-            await self.db.execute(
-                f"UPDATE facts SET last_accessed = ? WHERE user_id = ? AND id IN ({marks})",
-                (now, scope.user_id, *(f.id for f in facts)),
-            )
+            await self.db.execute(*touch_query(scope.user_id, [f.id for f in facts], now))
             facts = [replace(f, last_accessed=now) for f in facts]
         return facts
 

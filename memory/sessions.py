@@ -703,11 +703,16 @@ class SessionStore:
                 " ORDER BY s.updated_at DESC, s.id DESC LIMIT ?",
                 [like_pattern(q), *params, limit],
             )
-        title_rows = await self.db.fetchall(
-            f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.title LIKE ? ESCAPE '\\' AND {where} "
-            "ORDER BY s.updated_at DESC, s.id DESC LIMIT ?",
-            [like_pattern(q), *params, limit],
-        )
+        # A title is the first user message with its whitespace folded, so a query without
+        # whitespace that matches a title also matches that message: only queries with
+        # whitespace need the titles searched (a scan of the sessions table).
+        title_rows = []
+        if any(ch.isspace() for ch in q):
+            title_rows = await self.db.fetchall(
+                f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.title LIKE ? ESCAPE '\\' AND {where} "
+                "ORDER BY s.updated_at DESC, s.id DESC LIMIT ?",
+                [like_pattern(q), *params, limit],
+            )
 
         contents = {}
         mids = [r["mid"] for r in message_rows]

@@ -39,6 +39,12 @@ ACK = "好的。"
 GROUP_CHAT_TYPES = frozenset({"group"})
 _MAX_ID = 2**63 - 1
 
+# The hot window's user messages: messages_session(session_id, id) walked backwards, LIMITed.
+HOT_IDS_SQL = (
+    "SELECT id FROM messages WHERE session_id = ? AND id > ? AND id < ? AND role = 'user'"
+    " AND tool_call_id IS NULL ORDER BY id DESC LIMIT ?"
+)
+
 
 class StaleWork(RuntimeError):
     """The recorded progress moved since the work was derived (someone else did it)."""
@@ -226,11 +232,7 @@ class WorkingMemory:
 
     # -- reading turns (bounded) ---------------------------------------------------
     async def _user_ids_desc(self, session_id: str, after_id: int, before_id: int, limit: int) -> list[int]:
-        rows = await self.db.fetchall(
-            "SELECT id FROM messages WHERE session_id = ? AND id > ? AND id < ? AND role = 'user'"
-            " AND tool_call_id IS NULL ORDER BY id DESC LIMIT ?",
-            (session_id, after_id, before_id, limit),
-        )
+        rows = await self.db.fetchall(HOT_IDS_SQL, (session_id, after_id, before_id, limit))
         return [r["id"] for r in rows]
 
     async def _user_ids_asc(self, session_id: str, after_id: int, limit: int) -> list[int]:

@@ -370,12 +370,14 @@ async def audit_rows(h, actor: str) -> list:
 
 @pytest.mark.parametrize("chat_type", ["p2p", "group"])
 async def test_admin_commands_are_refused_and_audited_for_others(h, chat_type):
-    user = fresh("ou_intruder")
+    user, target = fresh("ou_intruder"), fresh("ou_target")
     chat = fresh("oc_p2p_intr" if chat_type == "p2p" else "oc_group_intr")
+    kept = (await h.app.memory.facts.add(scope(target, chat), "target likes jazz", "preference",
+                                         source="agent_proactive")).fact
     await ask(h, "keep this context", sender=user, chat_id=chat, chat_type=chat_type)
     session = await h.app.memory.sessions.active(chat)
     before = chat_requests(h)
-    for cmd in ("/reset", "/stats", f"/reset user {ALICE} confirm"):
+    for cmd in ("/reset", "/stats", f"/reset user {target} confirm"):
         answer = await ask(h, cmd, sender=user, chat_id=chat, chat_type=chat_type)
         assert "admin" in answer.lower() and "users" not in answer
     assert chat_requests(h) == before
@@ -383,7 +385,7 @@ async def test_admin_commands_are_refused_and_audited_for_others(h, chat_type):
     assert [(r["action"], r["allowed"]) for r in rows] == [("reset", 0), ("stats", 0), ("reset user", 0)]
     assert all(r["chat_id"] == chat for r in rows)
     assert (await h.app.memory.sessions.active(chat)).id == session.id
-    assert await h.app.memory.facts.list(ALICE) is not None
+    assert await h.app.memory.facts.get(target, kept.id) is not None
 
 
 @pytest.mark.parametrize("chat_type", ["p2p", "group"])

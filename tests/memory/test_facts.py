@@ -10,6 +10,7 @@ from memory.facts import (
     initial_confidence,
     relation,
     top_query,
+    touch_query,
 )
 from memory.scope import Scope
 
@@ -342,6 +343,9 @@ async def test_top_uses_the_partial_indexes_without_sorting(db):
         plan = " | ".join(r["detail"] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params))
         assert f"USING INDEX {index} " in plan, plan
         assert "TEMP B-TREE" not in plan, plan
+    sql, params = touch_query("ou_alice", list(range(1, 16)), 1.0)
+    plan = " | ".join(r["detail"] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params))
+    assert plan == "SEARCH facts USING INTEGER PRIMARY KEY (rowid=?)", plan
 
 
 # -- scope and visibility -----------------------------------------------------------------

@@ -195,10 +195,9 @@ async def test_hot_window_query_is_bounded(db, sessions, convo):
     """The hot window is read with an indexed, LIMITed query, not by loading the session."""
     w = wm(db, sessions)
     await convo.turns(3)
-    plan = await db.fetchall(
-        "EXPLAIN QUERY PLAN SELECT id FROM messages WHERE session_id = ? AND id > ? AND id < ? AND role = 'user'"
-        " AND tool_call_id IS NULL ORDER BY id DESC LIMIT ?", (convo.session_id, 0, 10**12, 3),
-    )
+    from memory.working import HOT_IDS_SQL
+
+    plan = await db.fetchall("EXPLAIN QUERY PLAN " + HOT_IDS_SQL, (convo.session_id, 0, 10**12, 3))
     detail = " ".join(r["detail"] for r in plan)
     assert "USING" in detail and "INDEX" in detail and "TEMP B-TREE" not in detail, detail
 
