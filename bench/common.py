@@ -246,6 +246,26 @@ def server_env(home: Path, fakes: Fakes, port: int, **extra: str) -> dict[str, s
     return env
 
 
+# `python -m bot serve` with cProfile switched on by SIGUSR1 and off (stats written) by
+# SIGUSR2, so the profile covers the load and not start-up (imports) or shutdown.
+PROFILED_SERVE = """
+import cProfile, os, signal, sys
+out = sys.argv[1]
+prof = cProfile.Profile()
+def _on(*_):
+    prof.enable()
+def _off(*_):
+    prof.disable()
+    tmp = out + ".tmp"
+    prof.dump_stats(tmp)
+    os.replace(tmp, out)
+signal.signal(signal.SIGUSR1, _on)
+signal.signal(signal.SIGUSR2, _off)
+from bot.cli import main
+sys.exit(main(["serve"]))
+"""
+
+
 class Server:
     """``python -m bot serve`` in a subprocess; ``profile`` = path for cProfile stats."""
 
@@ -270,8 +290,9 @@ class Server:
     def start(self, timeout: float = 60.0) -> "Server":
         cmd = [sys.executable]
         if self.profile is not None:
-            cmd += ["-m", "cProfile", "-o", str(self.profile)]
-        cmd += ["-m", "bot", "serve"]
+            cmd += ["-c", PROFILED_SERVE, str(self.profile)]
+        else:
+            cmd += ["-m", "bot", "serve"]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, env=self.env, cwd=str(self.home), stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -301,6 +322,34 @@ class Server:
         """User + system CPU of the server process (all its threads)."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def thread_cpu(self) -> dict[int, float]:
+        """CPU seconds per thread (tid -> s); the event loop's thread has tid == pid."""
+        out: dict[int, float] = {}
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return out
+
+    def loop_cpu_seconds(self) -> float:
+        """CPU of the main thread (the asyncio event loop)."""
+        return self.thread_cpu().get(self.pid, 0.0)
+
+    def profile_on(self) -> None:
+        self.proc.send_signal(signal.SIGUSR1)
+
+    def profile_off(self) -> None:
+        """Stop profiling; the stats file is written when this returns."""
+        self.proc.send_signal(signal.SIGUSR2)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if self.profile is not None and self.profile.exists() and self.profile.stat().st_size > 0:
+                time.sleep(0.2)
+                return
+            time.sleep(0.05)
 
     def rss_kib(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

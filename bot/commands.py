@@ -1,7 +1,8 @@
 """Slash commands and admin commands, answered without calling the model.
 
 ``Commands(app).run(inbound, text)`` returns the answer, or ``None`` when ``text`` is not
-a command (it does not start with ``/`` — or the full-width ``／`` a Chinese IME types).
+a command (it does not start with ``/`` — or the full-width ``／`` a Chinese IME types —
+or its first word holds another slash: ``/etc/hosts 怎么改`` is a question, not a command).
 The handler calls it only for messages the bot must answer (p2p, or a group message that
 mentions the bot, with the bot's @-placeholder already stripped). Command names and
 keywords (``all``, ``confirm``, ``delete``, ``user``) are case-insensitive; an unknown
@@ -170,6 +171,8 @@ class Commands:
         if not stripped or stripped[0] not in SLASHES:
             return None
         words = stripped[1:].split()
+        if words and any(c in SLASHES for c in words[0]):
+            return None          # a path ("/etc/hosts …") or "//", not a command: the model answers
         name = words[0].casefold() if words else "help"
         args = words[1:]
         admin = self.app.settings.is_admin(inbound.sender_id)

@@ -80,7 +80,8 @@ async def test_plain_text_is_not_a_command(h):
     before = chat_requests(h)
     answer = await ask(h, "hello, what is /new for?")
     assert answer.startswith("echo:")
-    assert chat_requests(h) == before + 1
+    assert (await ask(h, "/etc/hosts is broken, help")).startswith("echo:")      # a path, not a command
+    assert chat_requests(h) == before + 2
 
 
 # -- help and unknown commands --------------------------------------------------------------
@@ -95,6 +96,8 @@ async def test_help_and_unknown_commands(h, chat_type):
         assert cmd in answer
     assert "/reset" not in answer and "/stats" not in answer        # not for non-admins
     assert await ask(h, "/HeLp", chat_id=chat, chat_type=chat_type) == answer     # case-insensitive
+    assert await ask(h, "  ／help", chat_id=chat, chat_type=chat_type) == answer   # full-width slash
+    assert await ask(h, "/", chat_id=chat, chat_type=chat_type) == answer
     unknown = await ask(h, "/frobnicate now", chat_id=chat, chat_type=chat_type)
     assert "/frobnicate" in unknown and "/memory" in unknown
     admin_help = await ask(h, "/help", sender=ADMIN, chat_id=chat if chat_type == "group" else ADMIN_P2P,
