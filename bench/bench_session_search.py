@@ -270,7 +270,7 @@ async def _measure(path: Path, n: int, reps: int) -> list[str]:
             raw_like, matches = _p50(lambda: raw.execute(
                 "SELECT COUNT(*) FROM messages WHERE content LIKE ?", (f"%{q}%",)).fetchone()[0], reps)
             rows.append(f"| {n:,} | `{q}` ({note}) | {matches} | {len(hits)} | — | {auto_ms:.1f} | — | — | {raw_like:.1f} | — |")
-        tail = (await store.list(limit=1))[0].tail
+        tail = (await store.list(limit=1))[0].id[-9:]
         tail_ms, _ = await _ap50(lambda: store.resolve(tail), reps * 3)
         list_ms, _ = await _ap50(lambda: store.list(user_id=heavy), reps * 3)
         rows.append(f"| {n:,} | resolve `{tail}` (tail) / list(user) | — | — | {tail_ms:.2f} / {list_ms:.2f} | — | — | — | — | — |")

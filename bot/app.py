@@ -133,7 +133,8 @@ class EthanApp:
         self.memory = Memory(db=self.db, sessions=sessions, working=working, facts=facts,
                              procedures=procedures, profile=profile, episodes=episodes, modes=modes,
                              queue=self.queue)
-        sessions.add_close_listener(lambda info: None)
+        # Every close (idle sweep, /new, /resume, idle-on-append) writes the episode off the reply path.
+        sessions.add_close_listener(self.queue.request_episode)
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline)
         self.commands = Commands(self)
         self.inbox = Inbox(self.db)

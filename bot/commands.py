@@ -206,10 +206,11 @@ class Commands:
         return bool(row) and is_chinese(row["content"])
 
     async def _refuse(self, ctx: Ctx) -> str:
-        action = ctx.name + (" " + ctx.args[0].casefold() if ctx.args else "")
+        user_form = ctx.name == "reset" and bool(ctx.args) and ctx.args[0].casefold() in ("user", "用户")
+        action = "reset user" if user_form else ctx.name
         log.warning("command.refused", command=ctx.name, chat_id=ctx.inbound.chat_id, user_id=ctx.user,
                     reason="not an admin")
-        await self.audit.record(ctx.user, action[:40], "", ctx.inbound.chat_id, "refused: not an admin",
+        await self.audit.record(ctx.user, action, "", ctx.inbound.chat_id, "refused: not an admin",
                                 allowed=False)
         return ctx.t("抱歉，这是管理员命令，你没有权限。", "Sorry — that is an admin command, and you are not an admin.")
 

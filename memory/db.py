@@ -54,6 +54,8 @@ class Database:
             await self._enable_wal()
             await self._conn.execute("PRAGMA synchronous=NORMAL")
             await self._conn.execute("PRAGMA foreign_keys=ON")
+            # Erased memory must not linger in free pages.
+            await self._conn.execute("PRAGMA secure_delete=FAST")
             await self._migrate()
         except BaseException:
             # Never leave the connection (and its non-daemon thread) behind a failed open.

@@ -165,7 +165,7 @@ async def test_sessions_lists_this_conversation_and_resume_switches(h, chat_type
 
     listing = await ask(h, "/sessions", sender=user, chat_id=chat, chat_type=chat_type)
     for s in made:
-        assert s.tail in listing and f"topic number" in listing
+        assert s.tail in listing and "topic number" in listing
     assert elsewhere.tail not in listing
 
     answer = await ask(h, f"/resume {made[0].tail}", sender=user, chat_id=chat, chat_type=chat_type)

@@ -73,10 +73,10 @@ _PLACEHOLDER = re.compile(r"{{\s*(\w+)\s*}}")
 _templates: dict[str, str] = {}
 
 
-def render(name: str, **ctx: Any) -> Markup:
-    text = _templates.get(name)
+def render(_template: str, /, **ctx: Any) -> Markup:
+    text = _templates.get(_template)
     if text is None:
-        text = _templates[name] = (TEMPLATES / name).read_text(encoding="utf-8")
+        text = _templates[_template] = (TEMPLATES / _template).read_text(encoding="utf-8")
     return Markup(_PLACEHOLDER.sub(lambda m: esc(ctx[m.group(1)]), text))
 
 
