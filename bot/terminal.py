@@ -200,15 +200,18 @@ class TerminalChat:
         self.app = TerminalApp(self.settings)
         await self.app.start()
         outcome = ChatOutcome(None, 0)
+        chatted = False
         try:
             if self.resume_ref is not None:
                 await self._resume(self.resume_ref)
             self._banner()
+            chatted = True
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop()
         finally:
             try:
-                outcome = await asyncio.shield(self._close())
+                if chatted:
+                    outcome = await asyncio.shield(self._close())
             finally:
                 await asyncio.shield(self.app.stop())
         return outcome
