@@ -30,9 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import logging  # noqa: E402
+
+import structlog  # noqa: E402
+
 from tests.fakes.fake_anthropic import FakeAnthropic  # noqa: E402
 from tests.fakes.fake_lark import FakeLark  # noqa: E402
 from tests.fakes.lark_events import make_text_event, webhook_request  # noqa: E402
+
+# The benchmark process logs nothing below errors (the server subprocess logs to a file).
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+logging.getLogger("Lark").setLevel(logging.ERROR)
+logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)   # fakes answering a server that left
 
 ENCRYPT_KEY = "bench-encrypt-key"
 VERIFICATION_TOKEN = "bench-vtoken"
@@ -108,7 +117,11 @@ def ratio(a: float, b: float) -> str:
     if not b or a != a or b != b:
         return "—"
     r = a / b
-    return f"{r:,.0f}×" if r >= 100 else f"{r:.1f}×"
+    if r >= 100:
+        return f"{r:,.0f}×"
+    if r >= 0.95:
+        return f"{r:.1f}×"
+    return f"{r:.2g}×"
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> list[str]:
@@ -296,6 +309,10 @@ class Server:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, env=self.env, cwd=str(self.home), stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._wait_healthy(timeout)
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
         end = time.monotonic() + timeout
         import urllib.request
 
@@ -305,7 +322,7 @@ class Server:
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
                     if r.status == 200:
-                        return self
+                        return
             except OSError:
                 pass
             time.sleep(0.05)

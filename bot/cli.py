@@ -1,22 +1,144 @@
-"""The ``ethan`` command (also ``python -m bot``)."""
+"""The ``ethan`` command (also ``python -m bot``).
+
+    ethan serve                           the bot: Lark transport, web console, API
+    ethan chat [--user U] [-r ID]         terminal chat (same pipeline as Lark)
+    ethan -r last | ethan -r <id>         resume a session in the terminal chat
+    ethan session list|show|delete|search the stored sessions (layer 1)
+    ethan memory export|import            one user's memory as the spec's files
+    ethan backup PATH                     a consistent copy of the database
+
+Bare ``ethan`` runs the server, as before. Errors a user can fix (bad configuration, an
+unknown or ambiguous session id, a refused import) are one line on stderr and exit code 2;
+never a traceback. The session, memory and backup commands open the database directly:
+no server needed, and safe while one runs (WAL, busy timeout, one short transaction each).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
 import sys
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
 
-from bot.config import ConfigError, load_settings
+from bot.config import ConfigError, Settings, load_settings
 from bot.log import configure_logging
 
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+_USER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+SHOW_CHARS = 200
+
+EPILOG = """\
+examples:
+  ethan serve                              run the bot (Lark, web console at http://127.0.0.1:8080/)
+  ethan chat                               chat in the terminal as $ETHAN_LOCAL_USER (default ou_local)
+  ethan -r last                            resume your most recent session in the terminal
+  ethan -r d139                            resume a session by its id or the last characters of it
+  ethan session list --user ou_xxx         sessions that user took part in (all users without --user)
+  ethan session show d139                  a session's messages
+  ethan session search 乌龙茶               sessions whose messages or title contain the words
+  ethan memory export --user ou_xxx --out DIR
+  ethan memory import --user ou_xxx DIR
+  ethan backup /backups/ethan.db           consistent copy while the server runs
+
+Without ANTHROPIC_API_KEY the built-in offline model answers (its answers start with [offline]).
+Data lives in $ETHAN_HOME (default ~/.ethan); `python -m bot` is the same command."""
+
+
+class CliError(Exception):
+    """One line for the user, and an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------------------
+# Parser
+# --------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ethan", description="Ethan: a Lark/Feishu bot with a four-layer memory")
-    p.add_argument("-r", "--resume", metavar="ID", help="resume a session in the terminal chat (id, tail, or 'last')")
-    sub = p.add_subparsers(dest="command")
-    sub.add_parser("serve", help="run the bot: Lark transport, web console, API")
+    p = argparse.ArgumentParser(
+        prog="ethan", description="Ethan: a Lark/Feishu bot with a four-layer memory",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-r", "--resume", metavar="ID",
+                   help="resume a session in the terminal chat: 'last', a session id, or its last characters")
+    p.add_argument("--user", dest="global_user", metavar="OPEN_ID",
+                   help="the terminal chat's user (default: ETHAN_LOCAL_USER, ou_local)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    sub.add_parser("serve", help="run the bot: Lark transport, web console, API (the default)",
+                   description="Run the bot until SIGTERM/SIGINT: Lark transport, web console, /healthz, /metrics.")
+
+    chat = sub.add_parser("chat", help="chat in the terminal (same agent, commands and memory as Lark)",
+                          description="Chat with Ethan in the terminal. Slash commands work as in Lark "
+                                      "(/help, /new, /sessions, /resume <id>, /memory, …); /exit, /quit or "
+                                      "Ctrl-D leaves, closing the session (and writing its episode).")
+    chat.add_argument("--user", metavar="OPEN_ID", help="who you are (default: ETHAN_LOCAL_USER, ou_local)")
+    chat.add_argument("-r", "--resume", dest="chat_resume", metavar="ID", help="resume a session first")
+
+    session = sub.add_parser("session", help="list, show, delete or search stored sessions",
+                             description="The stored sessions (layer 1). IDs: the full id "
+                                         "(s_20260611_1753_d139), its last characters (d139), or 'last'.")
+    ss = session.add_subparsers(dest="action", metavar="ACTION")
+    ss.required = True
+    sl = ss.add_parser("list", help="most recently active sessions")
+    sl.add_argument("--user", metavar="OPEN_ID", help="only sessions of conversations this user took part in")
+    sl.add_argument("--limit", type=_positive, default=20, help="how many (default 20)")
+    sh = ss.add_parser("show", help="a session and a summary of its messages")
+    sh.add_argument("id", help="session id, its last characters, or 'last'")
+    sh.add_argument("--user", metavar="OPEN_ID", help="resolve among this user's sessions only")
+    sd = ss.add_parser("delete", help="delete a session and its messages (asks first)")
+    sd.add_argument("id", help="session id or its last characters")
+    sd.add_argument("--user", metavar="OPEN_ID", help="resolve among this user's sessions only")
+    sd.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    sq = ss.add_parser("search", help="sessions whose messages or title contain the query")
+    sq.add_argument("query", nargs="+", help="words to find (matched literally)")
+    sq.add_argument("--user", metavar="OPEN_ID", help="only this user's sessions")
+    sq.add_argument("--limit", type=_positive, default=20, help="how many (default 20)")
+
+    memory = sub.add_parser("memory", help="export or import one user's memory (the spec's files)",
+                            description="One user's memory as facts.json, procedures.json, user_profile.md, "
+                                        "episodes.json (+ manifest.json with the profile's provenance).")
+    ms = memory.add_subparsers(dest="action", metavar="ACTION")
+    ms.required = True
+    me = ms.add_parser("export", help="write a user's memory to a directory")
+    me.add_argument("--user", required=True, metavar="OPEN_ID", help="whose memory")
+    me.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if needed)")
+    mi = ms.add_parser("import", help="read an export directory into a user's memory (validated, all or nothing)")
+    mi.add_argument("--user", required=True, metavar="OPEN_ID", help="who will own the imported memory")
+    mi.add_argument("dir", metavar="DIR", help="an export directory")
+
+    backup = sub.add_parser("backup", help="consistent copy of the database (safe while the server runs)",
+                            description="Copy the database with SQLite's online backup API. PATH may be a "
+                                        "directory (a timestamped file is made in it).")
+    backup.add_argument("path", metavar="PATH", help="file to write, or an existing directory")
+    backup.add_argument("--force", action="store_true", help="replace PATH if it exists")
     return p
 
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def _user(value: str | None, what: str = "--user") -> str:
+    if value is None or not _USER_ID.match(value):
+        raise CliError(f"ethan: {what}: {value!r} is not a user id (an open_id such as ou_…)")
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# Entry
+# --------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -24,18 +146,372 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings()
     except ConfigError as e:
         print(f"ethan: configuration error: {e}", file=sys.stderr)
-        return 2
-    configure_logging(settings.ethan_log_level)
-    if args.command in (None, "serve") and not args.resume:
-        from bot.app import serve
+        return EXIT_USAGE
+    command = args.command
+    resume = args.resume if command in (None, "chat") else None
+    if command == "chat" and args.chat_resume:
+        resume = args.chat_resume
+    if command is None and resume:
+        command = "chat"
+    if command in (None, "serve"):
+        return _serve(settings)
+    if command == "chat":
+        user = getattr(args, "user", None) or args.global_user or settings.ethan_local_user
+        return _run(lambda: _chat(settings, user, resume), settings, quiet=True)
+    if command == "session":
+        return _run(lambda: SESSION_ACTIONS[args.action](settings, args), settings)
+    if command == "memory":
+        return _run(lambda: MEMORY_ACTIONS[args.action](settings, args), settings)
+    if command == "backup":
+        return _run(lambda: _backup(settings, args), settings)
+    print(f"ethan: unknown command {command!r}", file=sys.stderr)
+    return EXIT_USAGE
 
+
+def _serve(settings: Settings) -> int:
+    configure_logging(settings.ethan_log_level)
+    from bot.app import serve
+
+    try:
+        asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        print(f"ethan: cannot start: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _run(make: Callable[[], Awaitable[int | None]], settings: Settings, *, quiet: bool = False) -> int:
+    """Run one command: one-line errors, exit codes, logs kept out of the way."""
+    from memory.db import DatabaseError
+
+    _configure_quiet_logging(settings, chat=quiet)
+    try:
+        code = asyncio.run(make())
+    except CliError as e:
+        print(str(e), file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+    except DatabaseError as e:
+        print(f"ethan: database: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except OSError as e:
+        print(f"ethan: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK if code is None else code
+
+
+def _configure_quiet_logging(settings: Settings, *, chat: bool) -> None:
+    """The terminal is for the conversation and the command's output: logs go to
+    $ETHAN_HOME/logs/cli.log (chat) or, for the short commands, only warnings to stderr."""
+    if chat:
         try:
-            asyncio.run(serve(settings))
-        except KeyboardInterrupt:
-            pass
-        except OSError as e:
-            print(f"ethan: cannot start: {e}", file=sys.stderr)
-            return 1
-        return 0
-    print("ethan: not implemented yet", file=sys.stderr)
-    return 2
+            logs = settings.ethan_home / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            stream = open(logs / "cli.log", "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        except OSError:
+            stream = None
+        if stream is not None:
+            configure_logging(settings.ethan_log_level, json=True, stream=stream)
+            return
+        configure_logging("error")
+        return
+    explicit = "ethan_log_level" in settings.model_fields_set
+    configure_logging(settings.ethan_log_level if explicit else "warning")
+
+
+# --------------------------------------------------------------------------------------
+# Chat
+# --------------------------------------------------------------------------------------
+
+async def _chat(settings: Settings, user: str, resume: str | None) -> int:
+    from bot.terminal import ResumeError, run_chat
+
+    user = _user(user, "--user / ETHAN_LOCAL_USER")
+    try:
+        await run_chat(settings, user_id=user, resume=resume)
+    except ResumeError as e:
+        raise CliError(str(e)) from None
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------
+# Database helpers
+# --------------------------------------------------------------------------------------
+
+async def _open(settings: Settings, *, create: bool = False):
+    from memory.db import Database
+
+    path = settings.db_path
+    if not create and not path.exists():
+        raise CliError(f"ethan: no database at {path} yet (set ETHAN_HOME to where Ethan keeps its data)",
+                       EXIT_FAIL)
+    return await Database(path).open()
+
+
+def _when(ts: float | None, *, seconds: bool = False) -> str:
+    if not ts:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def _flat(text: str, n: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
+
+
+def _width(text: str) -> int:
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - _width(text))
+
+
+async def _resolve(store: Any, ref: str, user: str | None):
+    from memory.sessions import AmbiguousSession, SessionNotFound
+
+    try:
+        return await store.resolve(ref, user_id=user)
+    except AmbiguousSession as e:
+        lines = [f"ethan: {ref!r} matches {e.total} sessions; type more of the id:"]
+        lines += [f"  {c.id}  {_when(c.updated_at)}  {_flat(c.title, 40)}" for c in e.candidates]
+        if e.total > len(e.candidates):
+            lines.append(f"  … and {e.total - len(e.candidates)} more")
+        raise CliError("\n".join(lines)) from None
+    except SessionNotFound:
+        who = f" of {user}" if user else ""
+        if (ref or "").strip().lower() == "last":
+            raise CliError(f"ethan: there is no session{who} yet") from None
+        raise CliError(f"ethan: no session{who} matches {ref!r} (see: ethan session list)") from None
+
+
+def _chat_label(s: Any) -> str:
+    return f"{s.chat_type} {s.chat_id}" + (f"#{s.thread_id}" if s.thread_id else "")
+
+
+# --------------------------------------------------------------------------------------
+# ethan session …
+# --------------------------------------------------------------------------------------
+
+async def _session_list(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.sessions import SessionStore
+
+    user = _user(args.user) if args.user is not None else None
+    db = await _open(settings)
+    try:
+        sessions = await SessionStore(db).list(user_id=user, limit=args.limit)
+    finally:
+        await db.close()
+    if not sessions:
+        print("no sessions" + (f" for {user}" if user else ""))
+        return EXIT_OK
+    rows = [("ID", "UPDATED", "MSGS", "CHAT", "TITLE")]
+    for s in sessions:
+        rows.append((s.id + ("" if s.closed_at else " *"), _when(s.updated_at), str(s.message_count),
+                     _flat(_chat_label(s), 40), _flat(s.title, 40)))
+    widths = [max(_width(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        cells = [_pad(r[0], widths[0]), _pad(r[1], widths[1]), r[2].rjust(widths[2]), _pad(r[3], widths[3]), r[4]]
+        print("  ".join(cells).rstrip())
+    if any(s.closed_at is None for s in sessions):
+        print("(* open: the conversation's current session)")
+    return EXIT_OK
+
+
+async def _session_show(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.sessions import SessionStore
+
+    user = _user(args.user) if args.user is not None else None
+    db = await _open(settings)
+    try:
+        store = SessionStore(db)
+        s = await _resolve(store, args.id, user)
+        messages = await store.messages(s.id)
+    finally:
+        await db.close()
+    print(f"session  {s.id}")
+    print(f"title    {s.title}")
+    print(f"chat     {_chat_label(s)}")
+    print(f"owner    {s.owner_id}")
+    print(f"model    {s.model or '-'}")
+    print(f"created  {_when(s.created_at, seconds=True)}")
+    print(f"updated  {_when(s.updated_at, seconds=True)}")
+    print(f"status   {'open' if s.closed_at is None else 'closed ' + _when(s.closed_at, seconds=True)}")
+    print(f"messages {s.message_count} ({s.user_turns} from users)")
+    print()
+    for m in messages:
+        who = m.role
+        if m.role == "user" and (m.sender_name or m.sender_id):
+            who += f" ({m.sender_name or m.sender_id})"
+        print(f"[{_when(m.created_at, seconds=True)}] {who}: {_flat(m.content, SHOW_CHARS)}")
+    return EXIT_OK
+
+
+async def _session_delete(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.sessions import SessionStore
+
+    user = _user(args.user) if args.user is not None else None
+    if (args.id or "").strip().lower() == "last":
+        raise CliError("ethan: name the session to delete by its id (not 'last')")
+    db = await _open(settings)
+    try:
+        store = SessionStore(db)
+        s = await _resolve(store, args.id, user)
+        if not args.yes:
+            question = (f"Delete session {s.id} “{_flat(s.title, 40)}” ({s.message_count} messages)? "
+                        "This cannot be undone. [y/N] ")
+            answer = await asyncio.to_thread(_ask, question)
+            if answer not in ("y", "yes"):
+                print("not deleted")
+                return EXIT_FAIL
+        deleted = await store.delete(s.id)
+    finally:
+        await db.close()
+    if not deleted:
+        raise CliError(f"ethan: session {s.id} was already gone", EXIT_FAIL)
+    print(f"deleted session {s.id} ({s.message_count} messages)")
+    return EXIT_OK
+
+
+def _ask(question: str) -> str:
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line:
+        sys.stderr.write("\n")
+    return line.strip().lower()
+
+
+async def _session_search(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.sessions import SessionStore
+
+    user = _user(args.user) if args.user is not None else None
+    query = " ".join(args.query).strip()
+    if not query:
+        raise CliError("ethan: empty query: type a word or phrase to search for")
+    db = await _open(settings)
+    try:
+        try:
+            hits = await SessionStore(db).search(query, user_id=user, limit=args.limit)
+        except ValueError as e:
+            raise CliError(f"ethan: {e}") from None
+    finally:
+        await db.close()
+    if not hits:
+        print(f"no session matches {query!r}")
+        return EXIT_OK
+    for h in hits:
+        s = h.session
+        print(f"{s.id}  {_when(s.updated_at)}  {_flat(s.title, 40)}")
+        print(f"    {h.snippet}" + (f"  ({h.matches} messages)" if h.matches > 1 else ""))
+    return EXIT_OK
+
+
+SESSION_ACTIONS = {"list": _session_list, "show": _session_show, "delete": _session_delete,
+                   "search": _session_search}
+
+
+# --------------------------------------------------------------------------------------
+# ethan memory …
+# --------------------------------------------------------------------------------------
+
+async def _memory_export(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.export import export_user
+
+    user = _user(args.user)
+    out = Path(args.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise CliError(f"ethan: --out {out}: exists and is not a directory")
+    db = await _open(settings)
+    try:
+        result = await export_user(db, user, out)
+    finally:
+        await db.close()
+    c = result.counts
+    print(f"exported {user} to {result.directory}: {c['facts']} facts, {c['procedures']} rules, "
+          f"{c['profile_entries']} profile entries, {c['episodes']} episodes")
+    for f in result.files:
+        print(f"  {f}")
+    return EXIT_OK
+
+
+async def _memory_import(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.export import ImportRefused, import_user
+
+    user = _user(args.user)
+    directory = Path(args.dir).expanduser()
+    if not directory.is_dir():
+        raise CliError(f"ethan: {directory}: not a directory")
+    db = await _open(settings, create=True)
+    try:
+        try:
+            result = await import_user(db, user, directory)
+        except ImportRefused as e:
+            raise CliError(f"ethan: import refused, nothing was imported: {e}") from None
+    finally:
+        await db.close()
+    a, u = result.added, result.unchanged
+    print(f"imported into {user} from {directory}:")
+    for key, label in (("facts", "facts"), ("procedures", "rules"), ("profile_entries", "profile entries"),
+                       ("episodes", "episodes")):
+        print(f"  {label:<16} {a[key]} added, {u[key]} already there")
+    if result.missing:
+        print(f"  not in the directory (skipped): {', '.join(result.missing)}")
+    if result.exported_user and result.exported_user != user:
+        print(f"  note: exported from {result.exported_user}; now owned by {user}")
+    return EXIT_OK
+
+
+MEMORY_ACTIONS = {"export": _memory_export, "import": _memory_import}
+
+
+# --------------------------------------------------------------------------------------
+# ethan backup
+# --------------------------------------------------------------------------------------
+
+async def _backup(settings: Settings, args: argparse.Namespace) -> int:
+    import sqlite3
+
+    target = Path(args.path).expanduser()
+    if target.is_dir():
+        target = target / time.strftime("ethan-%Y%m%d-%H%M%S.db")
+    source = settings.db_path
+    if target.exists():
+        if target.resolve() == source.resolve():
+            raise CliError("ethan: the backup cannot replace the database itself")
+        if not args.force:
+            raise CliError(f"ethan: {target} exists (use --force to replace it)")
+    db = await _open(settings)
+    part = target.with_name(target.name + ".part")
+    try:
+        await db.backup_to(part)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    finally:
+        await db.close()
+    conn = sqlite3.connect(str(part))
+    try:
+        check = conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+    if check != "ok":
+        part.unlink(missing_ok=True)
+        raise CliError(f"ethan: the copy failed its integrity check ({check}); nothing written", EXIT_FAIL)
+    os.replace(part, target)
+    size = target.stat().st_size
+    print(f"{target}  {size} bytes ({_human(size)}), integrity ok")
+    return EXIT_OK
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

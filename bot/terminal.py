@@ -9,9 +9,10 @@ of its own (``oc_cli_<user>``), built like the console playground's and fed to
 memory are exactly Lark's. Only the reply object is the terminal's (``TerminalReply``,
 registered in ``app.replies.waiting`` under the message id).
 
-Leaving (``/exit``, ``/quit``, end of input, Ctrl-C) closes the session and asks for its
-episode (written when the session had at least two turns), then stops the app, which
-drains the consolidation queue.
+Leaving (``/exit``, ``/quit``, end of input, Ctrl-C) closes the session — the app's close
+listener asks for its episode (written when the session had at least two turns) — then
+stops the app, which drains the consolidation queue. ``-r`` resumes a session before the
+app starts, on a connection of its own, so an unknown or ambiguous id fails fast.
 
 Input is read on a daemon thread (``input()``, so line editing works on a TTY), one line at
 a time, only once the previous answer is printed; piped input (not a TTY) works the same,
@@ -31,7 +32,6 @@ import uuid
 from dataclasses import dataclass
 from typing import IO, Any
 
-from bot.app import EthanApp
 from bot.config import Settings
 from memory.scope import conversation_key
 
@@ -72,16 +72,21 @@ def build_cli_event(*, user_id: str, text: str, bot_open_id: str, message_id: st
     return event
 
 
-class TerminalApp(EthanApp):
-    """EthanApp for the terminal: it never answers other processes' unanswered events.
+def terminal_app(settings: Settings) -> Any:
+    """An EthanApp that never answers other processes' unanswered events.
 
-    A running ``ethan serve`` on the same database keeps events it is answering as
+    A running ``ethan serve`` on the same database keeps the events it is answering as
     ``pending`` in the inbox; recovering them here would answer Lark messages into the
-    terminal's void. The server answers its own on its next start.
+    terminal. The server answers its own on its next start. (bot.app is imported here, not
+    at the top: a ``-r`` that names no session fails before the heavy imports.)
     """
+    from bot.app import EthanApp
 
-    async def _recover_inbox(self) -> None:
-        return None
+    class TerminalApp(EthanApp):
+        async def _recover_inbox(self) -> None:
+            return None
+
+    return TerminalApp(settings)
 
 
 class TerminalReply:
@@ -190,28 +195,32 @@ class TerminalChat:
         self.progressive = self.out.isatty()
         self.chat_id = cli_chat_id(user_id)
         self.conv_key = conversation_key(self.chat_id)
-        self.app: EthanApp | None = None
+        self.app: Any = None
 
     def say(self, text: str) -> None:
         """A status line (stderr)."""
         print(text, file=self.err, flush=True)
 
     async def run(self) -> ChatOutcome:
-        self.app = TerminalApp(self.settings)
+        closed = None
+        if self.resume_ref is not None:
+            closed = await self._resume(self.resume_ref)     # before the app: fails fast and cheap
+        self.app = terminal_app(self.settings)
         await self.app.start()
         outcome = ChatOutcome(None, 0)
-        chatted = False
         try:
-            if self.resume_ref is not None:
-                await self._resume(self.resume_ref)
+            if closed is not None and self.app.queue is not None:
+                self.app.queue.request_episode(closed)     # closed on the side connection: no listener heard it
             self._banner()
-            chatted = True
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._loop()
+            except asyncio.CancelledError:                 # Ctrl-C: leave as /exit does
+                if self.interactive:
+                    self.out.write("\n")
+                    self.out.flush()
         finally:
             try:
-                if chatted:
-                    outcome = await asyncio.shield(self._close())
+                outcome = await asyncio.shield(self._close())
             finally:
                 await asyncio.shield(self.app.stop())
         return outcome
@@ -222,34 +231,48 @@ class TerminalChat:
         self.say(f"Ethan terminal chat — user {self.user_id}, {model}. "
                  "/help for commands; /exit, /quit or Ctrl-D to leave.")
 
-    async def _resume(self, ref: str) -> None:
-        from memory.sessions import AmbiguousSession, SessionNotFound
+    async def _resume(self, ref: str) -> Any:
+        """Make the session ``ref`` this conversation's active one (SessionStore.resume: the
+        CLI conversation's own sessions, or the user's own p2p sessions elsewhere) and show
+        its last messages. Returns the session it closed, if any (its episode is then due).
+        Runs on its own connection before the app starts; ResumeError if there is no such
+        session (or several)."""
+        from memory.db import Database
+        from memory.sessions import AmbiguousSession, SessionNotFound, SessionStore
 
-        m = self.app.memory
-        before = await m.sessions.active(self.conv_key)
+        if not self.settings.db_path.exists():
+            raise ResumeError(f"ethan: no session of {self.user_id} to resume (nothing stored yet in "
+                              f"{self.settings.ethan_home})")
+        db = await Database(self.settings.db_path).open()
         try:
-            resumed = await m.sessions.resume(self.conv_key, ref, user_id=self.user_id)
-        except AmbiguousSession as e:
-            lines = [f"ethan: {ref!r} matches {e.total} sessions; type more of the id:"]
-            lines += [f"  {c.id}  {_when(c.updated_at)}  {_short(c.title, 40)}" for c in e.candidates]
-            if e.total > len(e.candidates):
-                lines.append(f"  … and {e.total - len(e.candidates)} more")
-            raise ResumeError("\n".join(lines)) from None
-        except SessionNotFound as e:
-            if (ref or "").strip().lower() == "last":
-                msg = f"ethan: no session of {self.user_id} to resume"
-            else:
-                msg = (f"ethan: no session {ref!r} that {self.user_id} can resume here "
-                       f"(see: ethan session list --user {self.user_id})")
-            raise ResumeError(msg) from e
-        if before is not None and before.id != resumed.id and self.app.queue is not None:
-            self.app.queue.request_episode(before)
+            store = SessionStore(db, idle_timeout=self.settings.ethan_session_idle_hours * 3600)
+            before = await store.active(self.conv_key)
+            try:
+                resumed = await store.resume(self.conv_key, ref, user_id=self.user_id)
+            except AmbiguousSession as e:
+                lines = [f"ethan: {ref!r} matches {e.total} sessions; type more of the id:"]
+                lines += [f"  {c.id}  {_when(c.updated_at)}  {_short(c.title, 40)}" for c in e.candidates]
+                if e.total > len(e.candidates):
+                    lines.append(f"  … and {e.total - len(e.candidates)} more")
+                raise ResumeError("\n".join(lines)) from None
+            except SessionNotFound as e:
+                if (ref or "").strip().lower() == "last":
+                    msg = f"ethan: no session of {self.user_id} to resume"
+                else:
+                    msg = (f"ethan: no session {ref!r} that {self.user_id} can resume here "
+                           f"(see: ethan session list --user {self.user_id})")
+                raise ResumeError(msg) from e
+            recent = await store.messages(resumed.id)
+        finally:
+            await db.close()
         self.say(f"Resumed session {resumed.id} ({resumed.user_turns} turns): {_short(resumed.title, 60)}")
-        recent = await m.sessions.messages(resumed.id)
+        if len(recent) > RECAP_MESSAGES:
+            self.say(f"(last {RECAP_MESSAGES} of {len(recent)} messages; ethan session show {resumed.tail} for all)")
         for msg in recent[-RECAP_MESSAGES:]:
             who = PROMPT if msg.role == "user" else ANSWER
             self.out.write(f"{who}{_short(msg.content, RECAP_CHARS)}\n")
         self.out.flush()
+        return before if before is not None and before.id != resumed.id else None
 
     async def _loop(self) -> None:
         reader = LineReader(self.stdin, prompt=PROMPT if self.interactive else "")
@@ -308,15 +331,14 @@ class TerminalChat:
                 return "no answer within the reply deadline"
 
     async def _close(self) -> ChatOutcome:
-        """The spec: on leaving, the session ends; >= 2 turns → an episode."""
+        """The spec: on leaving, the session ends; >= 2 turns → an episode (the app's close
+        listener asks the consolidation queue for it; ``app.stop()`` drains the queue)."""
         app = self.app
         if app is None or app.memory is None:
             return ChatOutcome(None, 0)
         info = await app.memory.sessions.close_active(self.conv_key)
         if info is None:
             return ChatOutcome(None, 0)
-        if app.queue is not None:
-            app.queue.request_episode(info)
         self.say(f"Session {info.id} saved ({info.user_turns} turns). Resume with: ethan -r {info.tail}")
         return ChatOutcome(info.id, info.user_turns)
 

@@ -119,7 +119,7 @@ class PlaygroundReply:
 
     def show_memory(self, blocks: Any) -> None:
         try:
-            self.memory = blocks.as_dict()
+            self.memory = None
         except Exception as e:  # noqa: BLE001 — the panel must never break a reply
             self.memory = {"error": f"{type(e).__name__}: {e}"[:200]}
 

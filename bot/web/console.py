@@ -36,6 +36,7 @@ TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml", ".png": "image/png",
                 ".ico": "image/x-icon"}
+CONSOLE_KEY = web.AppKey("console", ConsoleData)
 CATEGORIES = ("knowledge", "preference", "decision", "correction")
 TABS = (("profile", "我的画像"), ("facts", "Facts"), ("procedures", "Rules"), ("episodes", "Episodes"),
         ("sessions", "Sessions"))
@@ -174,8 +175,9 @@ class Pages:
         rows = []
         for u in users:
             link = tag("a", u.get("name") or u["id"], href=user_url(u["id"]))
+            ident = Markup(f"<br><code class='small'>{esc(u['id'])}</code>") if u.get("name") else Markup("")
             rows.append(tag("tr", join([
-                cell("User", Markup(f"{link}<br><code class='small'>{esc(u['id'])}</code>")),
+                cell("User", Markup(f"{link}{ident}"), "wrap"),
                 cell("Last seen", fmt_time(u.get("last_seen"))),
                 cell("Messages", u["messages"], "num"),
                 cell("Facts", tag("a", u["facts"], href=user_url(u["id"], "facts")), "num"),
@@ -416,7 +418,7 @@ def setup_console(web_app: web.Application, ethan: Any) -> None:
     auth = ConsoleAuth(token=s.ethan_console_token, loopback_bind=s.host_is_loopback)
     data = ConsoleData(ethan)
     pages = Pages(ethan, data, auth)
-    web_app["console"] = data
+    web_app[CONSOLE_KEY] = data
 
     def page(fn):
         async def wrapped(request: web.Request) -> web.StreamResponse:

@@ -133,8 +133,11 @@
     var botText = el("div", { className: "text pending", text: "…" });
     var botMeta = el("div", { className: "meta" });
     var bot = el("div", { className: "msg bot" }, [el("div", { className: "who", text: "Ethan" }), botText, botMeta]);
-    var panel = el("aside", { className: "panel", "aria-label": "Memory given to the model" },
-      [el("p", { className: "muted", text: "Waiting for the answer…" })]);
+    // open beside the answer on wide screens; folded under it on phones
+    var panel = el("details", { className: "panel", "aria-label": "Memory given to the model",
+      open: window.matchMedia("(min-width: 861px)").matches },
+      [el("summary", { className: "panel-head" }, [el("span", { className: "panel-title", text: "What the model was given" })]),
+       el("p", { className: "muted", text: "Waiting for the answer…" })]);
     var node = el("article", { className: "exchange" }, [
       el("div", { className: "turns" }, [
         el("div", { className: "msg user" }, [el("div", { className: "who", text: label }), el("div", { className: "text", text: text })]),
@@ -148,10 +151,11 @@
         var d = r.data || {};
         botText.classList.remove("pending");
         if (!r.ok && d.status !== "timeout") {
-          botText.textContent = d.error || ("Error " + r.status);
+          botText.textContent = d.error || (d.status ? "(not delivered: " + d.status + ")" : "Error " + r.status);
           bot.classList.add("failed");
           panel.textContent = "";
-          panel.appendChild(el("p", { className: "muted", text: d.reason ? d.reason : "No answer." }));
+          panel.appendChild(el("summary", { className: "panel-head" }, [el("span", { className: "panel-title", text: "No answer" })]));
+          panel.appendChild(el("p", { className: "muted", text: d.reason ? d.reason : (d.status ? "status: " + d.status : "No answer.") }));
           return;
         }
         if (d.status === "ignored") {
@@ -188,20 +192,29 @@
   function renderPanel(panel, d) {
     panel.textContent = "";
     var m = d.memory;
-    panel.appendChild(el("h3", { text: "What the model was given" }));
+    var head = el("summary", { className: "panel-head" }, [el("span", { className: "panel-title", text: "What the model was given" })]);
+    panel.appendChild(head);
     if (!m) {
+      panel.open = true;
       panel.appendChild(el("p", { className: "muted", text: d.status === "ignored"
         ? "The message did not reach the agent, so no memory was read."
         : "A slash command answered: no memory was given to a model." }));
       return;
     }
     if (m.error) { panel.appendChild(el("p", { className: "error", text: m.error })); return; }
+    var facts = m.facts || [], rules = m.rules || [], eps = m.episodes || [];
+    var gist = [facts.length + (facts.length === 1 ? " fact" : " facts")];
+    if (m.profile) gist.push("profile");
+    if (rules.length) gist.push(rules.length + (rules.length === 1 ? " rule" : " rules"));
+    if (eps.length) gist.push(eps.length + (eps.length === 1 ? " episode" : " episodes"));
+    if (m.summary) gist.push("summary");
+    if (m.long_term) gist.push("long-term");
+    head.appendChild(el("span", { className: "panel-gist", text: m.path + " · " + gist.join(" · ") }));
     panel.appendChild(el("div", { className: "badges" }, [
       el("span", { className: "badge path-" + m.path, title: "path: fast (small talk: top-5 facts, no profile), medium, full (also recalls episodes)", text: "path " + m.path }),
       el("span", { className: "badge", title: "mode", text: "mode " + m.mode }),
       el("span", { className: "badge", title: "hot turns replayed verbatim", text: m.hot_turns + " hot turns" })
     ]));
-    var facts = m.facts || [];
     var list = el("ul", { className: "facts" }, facts.map(function (f) {
       return el("li", { "data-fact-id": f.id }, [
         el("span", { className: "content", text: f.content }),
@@ -211,10 +224,8 @@
     panel.appendChild(section("Facts", "<memory_context>", facts.length, facts.length ? list : null, true));
     panel.appendChild(section("Profile", "<user_profile>", m.profile ? 1 : 0,
       m.profile ? el("pre", { className: "mem", text: m.profile }) : null, true));
-    var rules = m.rules || [];
     panel.appendChild(section("Rules", "<behavioral_guidelines>", rules.length,
       rules.length ? el("ul", null, rules.map(function (r) { return el("li", { text: r }); })) : null, true));
-    var eps = m.episodes || [];
     panel.appendChild(section("Episodes", "<related_episodes>", eps.length,
       eps.length ? el("ul", null, eps.map(function (e) {
         return el("li", null, [el("span", { text: e.summary }),
