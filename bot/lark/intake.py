@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from bot.dispatch import Dispatcher
 from bot.inbox import STALE_SECONDS, Inbox
 from bot.lark.events import MESSAGE_RECEIVE, Envelope, MessageEvent
+from bot.lark.normalize import epoch_seconds
 from bot.log import get_logger
 from memory.scope import conversation_key
 
@@ -54,7 +55,7 @@ class Intake:
             bound.warning("event.invalid", error=str(e)[:200])
             return IntakeResult("invalid", "message event without message")
         conv = conversation_key(msg.chat_id, msg.thread_id or "")
-        create_time = _seconds(msg.create_time) or _seconds(env.header.create_time) or self.clock()
+        create_time = epoch_seconds(msg.create_time) or epoch_seconds(env.header.create_time) or self.clock()
         stale = self.clock() - create_time > STALE_SECONDS
         item = await self.inbox.accept(
             event_id=env.header.event_id, message_id=msg.message_id, chat_id=msg.chat_id,
@@ -74,11 +75,3 @@ class Intake:
         else:
             bound.info("event.accepted")
         return IntakeResult("accepted")
-
-
-def _seconds(value: str | None) -> float:
-    try:
-        v = float(value or 0)
-    except ValueError:
-        return 0.0
-    return v / 1000 if v > 1e11 else v

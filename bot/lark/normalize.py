@@ -108,7 +108,7 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
         mentions=mentions,
         mentions_bot=mentions_bot,
         mentions_all=mentions_all,
-        create_time=_seconds(msg.create_time or envelope.header.create_time),
+        create_time=epoch_seconds(msg.create_time or envelope.header.create_time),
         content_error=error,
     )
 
@@ -168,9 +168,10 @@ def clean_text(text: str) -> str:
     return text.strip()
 
 
-def _seconds(value: str) -> float:
+def epoch_seconds(value: str | None) -> float:
+    """Lark timestamps come as strings in ms (or s); 0.0 when unusable."""
     try:
-        v = float(value)
+        v = float(value or 0)
     except (TypeError, ValueError):
         return 0.0
     return v / 1000 if v > 1e11 else v
