@@ -41,6 +41,7 @@ from tests.fakes.lark_events import make_text_event, webhook_request  # noqa: E4
 # The benchmark process logs nothing below errors (the server subprocess logs to a file).
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
 logging.getLogger("Lark").setLevel(logging.ERROR)
+logging.getLogger("ethan").setLevel(logging.ERROR)        # in-process app parts (consolidation queue)
 logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)   # fakes answering a server that left
 
 ENCRYPT_KEY = "bench-encrypt-key"
@@ -74,6 +75,7 @@ def ram_gib() -> float:
 
 def machine_lines() -> list[str]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return [
         f"- date: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
         f"- CPU: {cpu_model()}, {cores} cores available",
@@ -81,6 +83,8 @@ def machine_lines() -> list[str]:
         f"- OS: {platform.system()} {platform.release()}",
         f"- Python {platform.python_version()} ({platform.python_implementation()}), "
         f"SQLite {sqlite3.sqlite_version}",
+        f"- load average at the start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min; "
+        f"other work on the machine shares its cores)",
     ]
 
 
@@ -289,6 +293,7 @@ class Server:
         self.profile = profile
         self.proc: subprocess.Popen | None = None
         self.log_path = home / "server.log"
+        self.cwd = home
         self._log = None
 
     @property
@@ -300,19 +305,25 @@ class Server:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 60.0) -> "Server":
-        cmd = [sys.executable]
+    def command(self) -> list[str]:
         if self.profile is not None:
-            cmd += ["-c", PROFILED_SERVE, str(self.profile)]
-        else:
-            cmd += ["-m", "bot", "serve"]
+            return [sys.executable, "-c", PROFILED_SERVE, str(self.profile)]
+        return [sys.executable, "-m", "bot", "serve"]
+
+    def launch(self) -> "Server":
+        """Start the process without waiting (several servers can start at once)."""
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, env=self.env, cwd=str(self.home), stdout=self._log,
+        self.proc = subprocess.Popen(self.command(), env=self.env, cwd=str(self.cwd), stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self._wait_healthy(timeout)
         return self
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def start(self, timeout: float = 60.0) -> "Server":
+        if self.proc is None:
+            self.launch()
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
         import urllib.request
 
@@ -431,6 +442,32 @@ async def post_all(url: str, requests: Sequence[tuple[str, dict, bytes]], concur
                 latencies[i] = time.monotonic() - t0
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, statuses
+
+
+async def post_at_rate(url: str, requests: Sequence[tuple[str, dict, bytes]], rate: float,
+                       ) -> tuple[list[float], list[int]]:
+    """Open loop: request i is sent at start + i / rate whether or not earlier ones were
+    answered (as Lark does); returns (seconds per request, HTTP statuses)."""
+    import aiohttp
+
+    latencies: list[float] = [0.0] * len(requests)
+    statuses: list[int] = [0] * len(requests)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
+        start = time.monotonic()
+
+        async def one(i: int, headers: dict, body: bytes) -> None:
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            t0 = time.monotonic()
+            async with http.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+                statuses[i] = resp.status
+            latencies[i] = time.monotonic() - t0
+
+        await asyncio.gather(*(one(i, h, b) for i, (_, h, b) in enumerate(requests)))
     return latencies, statuses
 
 

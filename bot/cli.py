@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import os
 import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -113,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("dir", metavar="DIR", help="an export directory")
 
     backup = sub.add_parser("backup", help="consistent copy of the database (safe while the server runs)",
-                            description="Copy the database with SQLite's online backup API. PATH may be a "
-                                        "directory (a timestamped file is made in it).")
-    backup.add_argument("path", metavar="PATH", help="file to write, or an existing directory")
+                            description="Copy the database with SQLite's online backup API (consistent while "
+                                        "the server writes), check the copy's integrity, print its path and "
+                                        "size. PATH may be a directory (existing, or ending in /): a "
+                                        "timestamped ethan-YYYYmmdd-HHMMSS.db is made in it.")
+    backup.add_argument("path", metavar="PATH", help="file to write, or a directory")
     backup.add_argument("--force", action="store_true", help="replace PATH if it exists")
     return p
 
@@ -194,8 +197,8 @@ def _run(make: Callable[[], Awaitable[int | None]], settings: Settings, *, quiet
         return e.code
     except KeyboardInterrupt:
         return 130
-    except DatabaseError as e:
-        print(f"ethan: database: {e}", file=sys.stderr)
+    except (DatabaseError, sqlite3.Error) as e:
+        print(f"ethan: database {settings.db_path}: {e}", file=sys.stderr)
         return EXIT_FAIL
     except OSError as e:
         print(f"ethan: {e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", file=sys.stderr)
@@ -437,6 +440,8 @@ async def _memory_export(settings: Settings, args: argparse.Namespace) -> int:
           f"{c['profile_entries']} profile entries, {c['episodes']} episodes")
     for f in result.files:
         print(f"  {f}")
+    if not any(c.values()):
+        print(f"  note: nothing is stored for {user} (check the open_id; `ethan session list` shows the chats)")
     return EXIT_OK
 
 
@@ -475,10 +480,9 @@ MEMORY_ACTIONS = {"export": _memory_export, "import": _memory_import}
 # --------------------------------------------------------------------------------------
 
 async def _backup(settings: Settings, args: argparse.Namespace) -> int:
-    import sqlite3
-
     target = Path(args.path).expanduser()
-    if target.is_dir():
+    if target.is_dir() or args.path.endswith(("/", os.sep)):
+        target.mkdir(parents=True, exist_ok=True)
         target = target / time.strftime("ethan-%Y%m%d-%H%M%S.db")
     source = settings.db_path
     if target.exists():

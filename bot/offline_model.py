@@ -173,19 +173,22 @@ def summarise(text: str) -> str:
     text = (text or "").replace(MARK, "")
     user_lines: list[tuple[str, str]] = []
     other: list[str] = []
+    in_transcript = False
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
             continue
         m = _TRANSCRIPT_LINE.match(line)
         if m:
+            in_transcript = True
             if m.group(1).lower() != "assistant":
                 user_lines.append((m.group(1), m.group(2)))
             continue
-        if line.endswith(":") or line.endswith("：") or line.startswith("- "):
-            line = line.removeprefix("- ")
-            if line.endswith((":", "：")):
-                continue
+        if in_transcript:
+            continue        # a later line of a multi-line message: the first sentence is enough
+        line = line.removeprefix("- ")
+        if line.endswith((":", "：")):
+            continue        # a heading such as "Transcript:"
         other.append(line)
     parts: list[str] = []
     if user_lines:

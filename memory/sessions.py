@@ -21,11 +21,13 @@ part in the conversation, or (b) in a p2p chat, a p2p session the same user star
 another p2p conversation of theirs; such a session moves to the resuming conversation.
 Nothing else (never a group session into a p2p chat, never a p2p session into a group).
 
-Search: an FTS5 trigram index over message content (substring match, any script, ASCII
-and Unicode case folded), plus the session titles; ranked by bm25, then recency, one hit
-per session. Queries shorter than three characters cannot use trigrams and fall back to
-LIKE (ranked by recency). The query is always matched literally: FTS syntax characters
-(``"`` ``*`` ``NEAR`` ``-`` ``(`` ``:``) and LIKE wildcards (``%`` ``_``) mean themselves.
+Search: an FTS5 trigram index over message content (substring match, any script), plus
+the session titles; ranked by bm25, then recency, one hit per session. Queries shorter
+than three characters cannot use trigrams and scan with LIKE instead, ranked with bm25's
+own term-frequency and length factors; so do scoped searches over few messages when the
+term is common elsewhere (see ``search``). The query is always matched literally: FTS
+syntax (``"`` ``*`` ``NEAR`` ``-`` ``(`` ``:``) and LIKE wildcards (``%`` ``_``) mean
+themselves. Measured in ``bench/bench_session_search.py``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ MAX_CANDIDATES = 10        # candidates carried by AmbiguousSession
 _TAIL_ATTEMPTS = 16        # tries for a session id whose 4-hex tail no other session has
 _ID_ATTEMPTS = 256
 _REF_RE = re.compile(r"^[a-z0-9_]+$")
+SCAN_LIMIT = 20_000        # scoped searches over at most this many messages may scan them
+BM25_K1, BM25_B = 1.2, 0.75  # FTS5's bm25 constants
+DEFAULT_AVG_TOKENS = 60.0
 
 CloseListener = Callable[["SessionInfo"], "Awaitable[None] | None"]
 
@@ -104,7 +109,8 @@ class StoredMessage:
 class SearchHit:
     session: SessionInfo
     snippet: str              # the best matching message (or the title) around the match
-    score: float              # fts: -bm25 of the best match (higher is better); like: matches
+    score: float              # relevance of the best match, higher is better (fts: -bm25; like:
+                              # bm25 without the IDF); comparable within one result list
     message_id: int | None    # the message the snippet comes from; None for a title-only hit
     matches: int              # matching messages in the session
     method: str               # "fts" | "like"
@@ -120,7 +126,7 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
-class EraseResult:
+class MessagesErased:
     messages: int             # messages removed (the user's, and the replies to them)
     sessions: int             # sessions removed because no user message was left
 
@@ -237,6 +243,7 @@ class SessionStore:
         self.clock = clock
         self._rng = rng or random.SystemRandom()
         self._listeners: list[CloseListener] = []
+        self.scan_limit = SCAN_LIMIT
 
     # -- listeners -----------------------------------------------------------------------
     def add_close_listener(self, fn: CloseListener) -> None:
@@ -493,7 +500,7 @@ class SessionStore:
             await cur.close()
         return n
 
-    async def delete_user_messages(self, user_id: str) -> EraseResult:
+    async def delete_user_messages(self, user_id: str) -> MessagesErased:
         """Admin erase: remove the user's messages and the bot's replies to them (the
         assistant messages that follow one of their messages), drop sessions left without
         a user message, re-title and re-own the sessions that remain, forget membership."""
@@ -538,7 +545,7 @@ class SessionStore:
                     (make_title(content), user_id, sender, row["id"]),
                 )
             await tx.execute("DELETE FROM conversation_members WHERE user_id = ?", (user_id,))
-        return EraseResult(messages=removed, sessions=sessions_removed)
+        return MessagesErased(messages=removed, sessions=sessions_removed)
 
     # -- resolve and resume --------------------------------------------------------------
     async def resolve(self, ref: str, *, user_id: str | None = None) -> SessionInfo:
@@ -663,45 +670,84 @@ class SessionStore:
         limit: int = 20,
         method: str = "auto",
     ) -> builtins.list[SearchHit]:
-        """Sessions whose messages or title contain ``query`` (literally), best first.
+        """Sessions whose messages or title contain ``query`` (literally), best first:
+        by relevance (bm25), then by recency; one hit per session.
 
-        ``method``: "auto" (FTS for queries of 3+ characters, LIKE below), "fts" or "like".
-        Raises EmptyQuery (a ValueError) for an empty or blank query.
+        ``user_id``: only sessions of conversations the user took part in; ``conv_key``:
+        only that conversation (pass both in a group). ``method``:
+
+        * "fts": the trigram index (queries of 3+ characters);
+        * "like": a scan with LIKE, ranked with bm25's term-frequency and length factors
+          (the phrase's IDF is the same for every row, so the order is bm25's);
+        * "auto" (default): "like" for queries under 3 characters, and for scoped
+          searches over at most ``scan_limit`` messages when the term is common in the
+          whole table (more matches than a quarter of the visible messages: the index
+          would rank and join every one of them); else "fts".
+
+        Scores are comparable within one result list only. LIKE folds ASCII case only;
+        the trigram index folds Unicode case too. Raises EmptyQuery (a ValueError) for an
+        empty or blank query, ValueError for "fts" with a query under 3 characters.
         """
         q = (query or "").replace("\x00", "").strip()   # SQLite would cut a pattern at NUL
         if not q:
             raise EmptyQuery()
-        if method == "auto":
-            method = "fts" if len(q) >= MIN_FTS_CHARS else "like"
+        if method not in ("auto", "fts", "like"):
+            raise ValueError(f"unknown search method {method!r}")
         if method == "fts" and len(q) < MIN_FTS_CHARS:
             raise ValueError(f"full-text search needs at least {MIN_FTS_CHARS} characters")
-        if method not in ("fts", "like"):
-            raise ValueError(f"unknown search method {method!r}")
         limit = max(1, int(limit))
         where, params = self._filters(conv_key, user_id)
+        scoped = bool(params)
+        if method == "auto":
+            method = "fts"
+            if len(q) < MIN_FTS_CHARS:
+                method = "like"
+            elif scoped:
+                row = await self.db.fetchone(
+                    f"SELECT COALESCE(SUM(s.message_count), 0) FROM sessions s WHERE {where}", params
+                )
+                visible = int(row[0])
+                if visible <= self.scan_limit:
+                    # Index cost grows with the matches in the whole table, scan cost with
+                    # the visible messages: count matches, but only up to a quarter of them.
+                    cap = visible // 4 + 1
+                    row = await self.db.fetchone(
+                        "SELECT COUNT(*) FROM (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ? LIMIT ?)",
+                        (fts_phrase(q), cap),
+                    )
+                    if row[0] >= cap:
+                        method = "like"
 
         if method == "fts":
             message_rows = await self.db.fetchall(
                 "WITH hits AS MATERIALIZED ("
-                "  SELECT m.session_id AS sid, m.id AS mid, bm25(messages_fts) AS score"
+                "  SELECT m.session_id AS sid, m.id AS mid, -bm25(messages_fts) AS score"
                 "  FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
-                f"  {'JOIN sessions s ON s.id = m.session_id' if params else ''}"
+                f"  {'JOIN sessions s ON s.id = m.session_id' if scoped else ''}"
                 f"  WHERE messages_fts MATCH ? AND {where}"
                 "), best AS ("
-                "  SELECT sid, MIN(score) AS score, mid, COUNT(*) AS n FROM hits GROUP BY sid"
+                "  SELECT sid, MAX(score) AS score, mid, COUNT(*) AS n FROM hits GROUP BY sid"
                 f") SELECT best.score, best.mid, best.n, {_SESSION_COLS} FROM best JOIN sessions s ON s.id = best.sid"
-                " ORDER BY best.score, s.updated_at DESC LIMIT ?",
+                " ORDER BY best.score DESC, s.updated_at DESC, s.id DESC LIMIT ?",
                 [fts_phrase(q), *params, limit],
             )
         else:
+            # Scoped: walk the visible sessions' messages (CROSS JOIN fixes that order);
+            # unscoped: scan all messages. f = occurrences, dl = trigram count of the row.
+            source = "sessions s CROSS JOIN messages m ON m.session_id = s.id" if scoped else "messages m"
             message_rows = await self.db.fetchall(
-                "WITH best AS ("
-                "  SELECT m.session_id AS sid, 0.0 AS score, MAX(m.id) AS mid, COUNT(*) AS n"
-                f"  FROM messages m {'JOIN sessions s ON s.id = m.session_id' if params else ''}"
-                f"  WHERE m.content LIKE ? ESCAPE '\\' AND {where} GROUP BY m.session_id"
+                "WITH hits AS MATERIALIZED ("
+                "  SELECT m.session_id AS sid, m.id AS mid,"
+                "         max(1.0, (length(lower(m.content)) - length(replace(lower(m.content), lower(?), '')))"
+                "                  * 1.0 / length(?)) AS f,"
+                "         max(1, length(m.content) - 2) AS dl"
+                f"  FROM {source} WHERE m.content LIKE ? ESCAPE '\\' AND {where}"
+                "), best AS ("
+                f"  SELECT sid, MAX(f * {BM25_K1 + 1} / (f + {BM25_K1} * ({1 - BM25_B} + {BM25_B} * dl / ?)))"
+                "         AS score, mid, COUNT(*) AS n FROM hits GROUP BY sid"
                 f") SELECT best.score, best.mid, best.n, {_SESSION_COLS} FROM best JOIN sessions s ON s.id = best.sid"
-                " ORDER BY s.updated_at DESC, s.id DESC LIMIT ?",
-                [like_pattern(q), *params, limit],
+                " ORDER BY best.score DESC, s.updated_at DESC, s.id DESC LIMIT ?",
+                [q, q, like_pattern(q), *params, await self._avg_doc_tokens(), limit],
             )
         # A title is the first user message with its whitespace folded, so a query without
         # whitespace that matches a title also matches that message: only queries with
@@ -714,7 +760,7 @@ class SessionStore:
                 [like_pattern(q), *params, limit],
             )
 
-        contents = {}
+        contents: dict[int, str] = {}
         mids = [r["mid"] for r in message_rows]
         if mids:
             contents = {
@@ -725,18 +771,36 @@ class SessionStore:
                 )
             }
         hits: list[SearchHit] = []
-        seen: set[str] = set()
         for r in message_rows:
-            info = _session(r)
-            seen.add(info.id)
-            score = -float(r["score"]) if method == "fts" else float(r["n"])
-            hits.append(SearchHit(info, make_snippet(contents.get(r["mid"], ""), q), score, r["mid"], r["n"], method))
+            hits.append(SearchHit(
+                _session(r), make_snippet(contents.get(r["mid"], ""), q), float(r["score"]), r["mid"], r["n"], method
+            ))
+        seen = {h.session.id for h in hits}
         for r in title_rows:   # titles that match where no message does (whitespace folded)
             info = _session(r)
             if info.id not in seen:
                 hits.append(SearchHit(info, make_snippet(info.title, q), 0.0, None, 0, method))
-        if method == "fts":
-            hits.sort(key=lambda h: (-h.score, -h.session.updated_at))
-        else:
-            hits.sort(key=lambda h: (-h.session.updated_at, h.session.id), reverse=False)
+        hits.sort(key=lambda h: (-h.score, -h.session.updated_at))
         return hits[:limit]
+
+    async def _avg_doc_tokens(self) -> float:
+        """Average tokens per message, from the FTS index's own statistics (its
+        'averages' record: varint row count, varint token count), as bm25 uses it."""
+        row = await self.db.fetchone("SELECT block FROM messages_fts_data WHERE id = 1")
+        try:
+            rows, at = _varint(row[0], 0)
+            tokens, _ = _varint(row[0], at)
+            return tokens / rows if rows > 0 and tokens > 0 else DEFAULT_AVG_TOKENS
+        except (TypeError, IndexError):
+            return DEFAULT_AVG_TOKENS
+
+
+def _varint(buf: bytes, at: int) -> tuple[int, int]:
+    """SQLite's variable-length integer (big-endian 7-bit groups; a 9th byte has 8 bits)."""
+    value = 0
+    for i in range(8):
+        byte = buf[at + i]
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return value, at + i + 1
+    return (value << 8) | buf[at + 8], at + 9

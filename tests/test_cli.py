@@ -523,3 +523,6 @@ def test_backup_while_another_connection_writes(home, tmp_path, capsys):
     assert main(["backup", str(tmp_path / "backups")]) == 0             # a directory: timestamped file in it
     made = capsys.readouterr().out.split()[0]
     assert re.search(r"ethan-\d{8}-\d{6}\.db$", made) and Path(made).is_file()
+    assert main(["backup", str(tmp_path / "new" / "dir") + "/"]) == 0       # trailing slash: a directory
+    made = capsys.readouterr().out.split()[0]
+    assert Path(made).parent == tmp_path / "new" / "dir" and Path(made).is_file()

@@ -41,6 +41,7 @@ async def fill(db: Database) -> None:
     """Every kind of memory for Alice (with history and provenance), and some for Bob."""
     clock = Clock()
     facts = FactStore(db, clock=clock)
+    await facts.add(B_P2P, "用户喜欢咖啡", "preference", source="agent_proactive")    # ids are not refs
     await facts.add(A_P2P, "用户喜欢乌龙茶", "preference", source="agent_proactive")
     await facts.add(A_P2P, "用户住在北京", "knowledge", source="consolidator", user_text="记住我住在北京")
     await facts.add(A_P2P, "用户住在上海", "correction", source="consolidator")       # supersedes 北京
@@ -48,7 +49,6 @@ async def fill(db: Database) -> None:
     await facts.add(A_GROUP, "User prefers short answers", "preference", source="consolidator")  # reinforced
     await facts.add(Scope(user_id=ALICE, chat_id="", chat_type="p2p"), "用户的猫叫年糕", "knowledge",
                     source="user_edit")
-    await facts.add(B_P2P, "用户喜欢咖啡", "preference", source="agent_proactive")
     procs = ProcedureStore(db, clock=clock)
     await procs.add(A_P2P, "回复都用中文", "用户明确要求")
     await procs.add(A_GROUP, "No emoji", "")

@@ -100,6 +100,7 @@ class PlaygroundReply:
         self.latest = ""
         self.partials = 0
         self.memory: dict | None = None
+        self.tools: list[dict] | None = None     # filled only if the agent reports its tool calls
         self.working_shown = False
         self.started = time.monotonic()
         self.first_text_ms: int | None = None
@@ -117,9 +118,17 @@ class PlaygroundReply:
         self.text = text
         self.done.set()
 
+    def show_tools(self, tools: Any) -> None:
+        """Optional hook: the memory tools the model called for this answer (name, is_error, result)."""
+        try:
+            self.tools = [{"name": str(t.get("name", "")), "is_error": bool(t.get("is_error")),
+                           "result": str(t.get("result", ""))[:500]} for t in tools]
+        except Exception:  # noqa: BLE001
+            self.tools = None
+
     def show_memory(self, blocks: Any) -> None:
         try:
-            self.memory = None
+            self.memory = blocks.as_dict()
         except Exception as e:  # noqa: BLE001 — the panel must never break a reply
             self.memory = {"error": f"{type(e).__name__}: {e}"[:200]}
 
@@ -465,7 +474,7 @@ class ConsoleData:
         except Exception:  # noqa: BLE001
             session = None
         out = {
-            "status": status, "reason": reason, "text": reply.text, "memory": reply.memory,
+            "status": status, "reason": reason, "text": reply.text, "memory": reply.memory, "tools": reply.tools,
             "message_id": message_id, "chat_id": chat_id, "chat_type": chat, "user_id": user_id,
             "session_id": session, "streamed_parts": reply.partials, "first_text_ms": reply.first_text_ms,
             "elapsed_ms": int((time.monotonic() - started) * 1000),

@@ -28,8 +28,11 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
+from bot.log import get_logger
 from bot.web.api import ApiError, ConsoleData, api_routes, check_user
 from bot.web.auth import ConsoleAuth, COOKIE, safe_next, secure_headers
+
+log = get_logger("ethan.console")
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"
@@ -356,7 +359,8 @@ class Pages:
                 f'<pre class="mem">{esc(ctx["long_term"] or "—")}</pre>')
         msgs = []
         for m in detail["messages"]:
-            who = "Ethan" if m["role"] == "assistant" else (m["sender_name"] or m["sender_id"] or "user")
+            who = "Ethan" if m["role"] == "assistant" else (
+                m["sender_name"] or self.data.names.get(m["sender_id"]) or m["sender_id"] or "user")
             msgs.append(tag("li", Markup(
                 f'<div class="who">{esc(who)} <span class="muted">{esc(fmt_time(m["created_at"]))}</span></div>'
                 f'<div class="text">{esc(m["content"])}</div>'), class_=f"msg {m['role']}"))
@@ -381,12 +385,15 @@ class Pages:
             return secure_headers(web.Response(status=403, text="cross-site request refused"))
         client = request.remote or "?"
         if self.auth.throttled(client):
+            log.warning("console.login_throttled", client=client)
             return await self.login_form(request, error="Too many attempts; wait a few minutes.", status=429)
         form = await request.post()
         token = form.get("token", "")
         if not isinstance(token, str) or not self.auth.check_token(token):
             self.auth.failed(client)
+            log.warning("console.login_failed", client=client)
             return await self.login_form(request, error="That token is not right.", status=401)
+        log.info("console.login", client=client)
         nxt = form.get("next", "/")
         resp = web.HTTPSeeOther(safe_next(nxt if isinstance(nxt, str) else "/"))
         resp.set_cookie(COOKIE, self.auth.session_value, **self.auth.cookie_kwargs(request))

@@ -92,7 +92,7 @@ async def test_counters_follow_the_traffic(tmp_path):
         await h.idle()
         # 2. the same event again (Lark redelivers): stored once, not answered again
         assert (await h.post(ev))[0] == 200
-        # 3. the model answers 500: the user gets an apology, the failure is counted
+        # 3. the model answers 500: the user gets an apology (counted in the next test)
         await h.send_text("second question")
         [_, apology] = await h.replies(2)
         assert apology.text and apology.text != "first answer"
@@ -112,13 +112,27 @@ async def test_counters_follow_the_traffic(tmp_path):
         assert m.value("ethan_replies_sent_total") == 2          # the answer and the apology
         assert m.value("ethan_model_calls_total") == 2
         assert len(h.model.chat_requests()) == 2
-        assert m.value("ethan_model_failures_total", kind="server") == 1
-        assert m.total("ethan_model_failures_total") == 1
         # every reply's handling time went into the histogram
         assert m.value("ethan_reply_latency_seconds_count") == 2
         assert 0 < m.value("ethan_reply_latency_seconds_sum") < 20
         assert m.value("ethan_reply_latency_seconds_bucket", le="+Inf") == 2
         assert len(h.lark.messages()) == 2
+
+
+async def test_model_failures_are_counted_by_kind(tmp_path):
+    async with Harness(tmp_path) as h:
+        h.model.script(Error.api_error(500), Error.overloaded(), Text("fine again"))
+        for i in range(3):
+            await h.send_text(f"question {i}")
+            await h.replies(i + 1)
+            await h.idle()
+        m = await scrape(h)
+        assert m.value("ethan_model_failures_total", kind="server") == 1
+        assert m.value("ethan_model_failures_total", kind="overloaded") == 1
+        assert m.total("ethan_model_failures_total") == 2
+        assert m.value("ethan_model_calls_total") == 3
+        assert m.value("ethan_replies_sent_total") == 3     # two apologies and one answer
+        assert h.lark.messages()[-1].text == "fine again"
 
 
 async def test_gauges_follow_work_in_flight(tmp_path):

@@ -19,6 +19,7 @@ from memory.sessions import (
     SessionStore,
     fts_phrase,
     like_pattern,
+    make_snippet,
     make_title,
 )
 
@@ -463,6 +464,71 @@ async def test_search_ranks_by_bm25_then_recency(store, clock):
     twin2 = (await store.append_user(B_P2P, "identical words here")).session
     assert [h.session.id for h in await store.search("identical words")] == [twin2.id, twin1.id]
     assert [h.session.id for h in await store.search("identical words", limit=1)] == [twin2.id]
+
+
+async def test_like_ranking_follows_bm25_too(store, clock):
+    long_text = "今天的会议很长，" * 20 + "顺便提到了数据库迁移的事情，" + "然后继续讨论别的。" * 20
+    loose = (await store.append_user(A_P2P, long_text)).session
+    await store.close_active("oc_pa")
+    clock.advance(60)
+    dense = (await store.append_user(A_P2P, "数据库迁移")).session
+    await store.close_active("oc_pa")
+    clock.advance(60)
+    newest = (await store.append_user(A_P2P, "随便聊聊别的事情，" * 10)).session
+    for q in ("数据库迁移", "迁移"):
+        hits = await store.search(q, method="like")
+        assert [h.session.id for h in hits] == [dense.id, loose.id], q
+        assert hits[0].score > hits[1].score and hits[0].method == "like"
+    twice = (await store.append_user(B_P2P, "数据库迁移 — 今天的会议很长，又说了数据库迁移")).session
+    hits = await store.search("数据库迁移", method="like")
+    assert twice.id in {h.session.id for h in hits} and newest.id not in {h.session.id for h in hits}
+    for q in ("数据库迁移", "会议很长", "迁移的事"):   # term frequency and length weigh as in bm25
+        like = [h.session.id for h in await store.search(q, method="like")]
+        assert like == [h.session.id for h in await store.search(q, method="fts")], q
+
+
+async def test_scoped_search_scans_small_scopes_and_uses_the_index_for_large_ones(store, clock):
+    ids = []
+    for i, text in enumerate(["kubernetes 集群升级计划", "升级 kubernetes 之前先备份数据库", "午饭吃什么"]):
+        ids.append((await store.append_user(A_P2P, text)).session.id)
+        await store.close_active("oc_pa")
+        clock.advance(60)
+    for i in range(9):
+        await store.append_user(A_P2P, f"闲聊 {i}")            # A sees 12 messages
+    # Elsewhere the term is common: scanning A's 12 messages beats ranking every match.
+    for i in range(6):
+        await store.append_user(Scope(f"ou_x{i}", f"oc_x{i}", "p2p"), f"kubernetes note {i}")
+    small = await store.search("kubernetes", user_id="ou_a")
+    assert small and all(h.method == "like" for h in small)
+    rare = await store.search("升级计划", user_id="ou_a")                # rare term: the index
+    assert [h.session.id for h in rare] == [ids[0]] and rare[0].method == "fts"
+    store.scan_limit = 0                                                # a large scope: the index
+    large = await store.search("kubernetes", user_id="ou_a")
+    assert large and all(h.method == "fts" for h in large)
+    assert [h.session.id for h in small] == [h.session.id for h in large] == [ids[0], ids[1]]
+    assert [h.snippet for h in small] == [h.snippet for h in large]
+    assert (await store.search("kubernetes"))[0].method == "fts"          # unscoped: the index
+
+
+async def test_limit_keeps_the_best_ranked_not_the_newest(store, clock):
+    best = (await store.append_user(A_P2P, "季度预算")).session            # oldest, densest
+    await store.close_active("oc_pa")
+    for i in range(5):
+        clock.advance(60)
+        await store.append_user(A_P2P, f"第{i}次会议，很长很长的讨论，" * 5 + "顺带提了季度预算。")
+        await store.close_active("oc_pa")
+    for method in ("fts", "like"):
+        hits = await store.search("季度预算", limit=1, method=method)
+        assert [h.session.id for h in hits] == [best.id], method
+
+
+def test_snippet_is_centred_on_the_match():
+    text = "开头的话。" * 40 + "这里提到了关键的季度预算数字。" + "后面的话。" * 40
+    snip = make_snippet(text, "季度预算")
+    assert "季度预算" in snip and snip.startswith("…") and snip.endswith("…")
+    assert len(snip) <= 82
+    assert make_snippet("short\n text", "text") == "short text"
+    assert make_snippet("Hello World", "WORLD") == "Hello World"
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import collections
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -39,6 +40,7 @@ from tests.harness import BOT_OPEN_ID, ENCRYPT_KEY, VERIFICATION_TOKEN
 
 REPO = Path(__file__).resolve().parents[2]
 ERROR_LEVELS = frozenset({"error", "critical", "exception", "fatal"})
+_STDLIB_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):([\w.]+):(.*)$")
 
 
 def free_port() -> int:
@@ -191,14 +193,22 @@ class ServerProcess:
                 if not isinstance(item, dict):
                     raise ValueError
             except ValueError:
-                item = {"level": "raw", "event": line}
+                stdlib = _STDLIB_LINE.match(line)
+                if stdlib:   # logging.basicConfig's format: LEVEL:logger:message
+                    item = {"level": stdlib[1].lower(), "logger": stdlib[2], "event": stdlib[3],
+                            "format": "stdlib-text"}
+                else:
+                    item = {"level": "raw", "event": line}
             out.append(item)
         return out
 
-    def errors(self) -> list[dict]:
+    def errors(self, *, ignore: Iterable[str] = ()) -> list[dict]:
+        """Error-level lines, ``dispatch.job_failed``, and lines that are neither JSON nor
+        stdlib-formatted (a traceback Python printed by itself); minus events in ``ignore``."""
+        skip = {"test.server_start", *ignore}
         return [e for e in self.entries()
-                if str(e.get("level", "")).lower() in ERROR_LEVELS or e.get("level") == "raw"
-                or e.get("event") == "dispatch.job_failed"]
+                if (str(e.get("level", "")).lower() in ERROR_LEVELS or e.get("level") == "raw"
+                    or e.get("event") == "dispatch.job_failed") and e.get("event") not in skip]
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.lines()[-n:])
@@ -275,6 +285,8 @@ class _Handler(logging.Handler):
         self.sink = sink
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.threadName.startswith(("FakeLark", "FakeAnthropic")):
+            return       # the fakes' own servers (e.g. writing to a connection the app closed)
         self.sink.append({"level": record.levelname.lower(), "event": record.getMessage(),
                           "logger": record.name, "exc_info": bool(record.exc_info)})
 
@@ -312,9 +324,11 @@ class LogCapture:
     def events(self, name: str) -> list[dict]:
         return [e for e in self.entries if e.get("event") == name]
 
-    def errors(self) -> list[dict]:
+    def errors(self, *, ignore: Iterable[str] = ()) -> list[dict]:
+        skip = set(ignore)
         return [e for e in self.entries
-                if str(e.get("level", "")).lower() in ERROR_LEVELS or e.get("event") == "dispatch.job_failed"]
+                if (str(e.get("level", "")).lower() in ERROR_LEVELS or e.get("event") == "dispatch.job_failed")
+                and e.get("event") not in skip]
 
 
 async def wait_until(predicate, timeout: float, what: str, *, interval: float = 0.05):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
@@ -118,7 +117,7 @@ async def _crash_rounds(server, lark, model, rng, *, rounds: int, per_round: int
     for m in lark.messages():
         token = json.loads(events[m.reply_to]["event"]["message"]["content"])["text"].split()[1]
         assert token in m.text, (token, m.text)
-    problems = [e for e in srv.errors() if e.get("event") != "test.server_start"]
+    problems = srv.errors()
     assert not problems, problems[:5]
     print("rounds (round, kill after s, acked so far, answered so far):", stats)
 
@@ -160,6 +159,7 @@ async def test_acknowledged_message_older_than_30_minutes_at_restart_is_dropped(
         assert row["status"] == "ignored"
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="defect: a crash while an answer streams into a CardKit card "
                    "leaves the half-written card on screen and the restart sends a second card "
                    "(the card message uuid includes the new card entity id) — see docs/reliability.md")

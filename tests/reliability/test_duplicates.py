@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 
-from tests.fakes.fake_anthropic import Text, ToolUse, tool_results
+from tests.fakes.fake_anthropic import Delay, Text, ToolUse, tool_results
 from tests.fakes.lark_events import make_text_event
 from tests.harness import Harness
 from tests.reliability.support import deliveries_by_trigger
@@ -81,8 +81,6 @@ async def test_redelivery_while_the_first_delivery_is_still_being_answered(tmp_p
     """Lark's 15 s retry can arrive while the bot is still thinking about the first one."""
     event = make_text_event("记住：我最喜欢的茶是凤凰单丛", chat_id="oc_p2p_alice", sender="ou_alice")
     async with Harness(tmp_path) as h:
-        from tests.fakes.fake_anthropic import Delay
-
         slow = {"n": 0}
 
         def responder(req):
@@ -109,8 +107,6 @@ async def test_redelivery_after_a_restart_that_cut_the_answer_short(tmp_path):
     the restart answers it once; redeliveries after that add nothing."""
     event = make_text_event("记住：我最喜欢的茶是凤凰单丛", chat_id="oc_p2p_alice", sender="ou_alice")
     async with Harness(tmp_path, ethan_shutdown_deadline=0.5) as h:
-        from tests.fakes.fake_anthropic import Delay
-
         h.model.responder = lambda req: Delay(30, Text("never"))
         assert (await h.post(event))[0] == 200
         await asyncio.sleep(0.3)

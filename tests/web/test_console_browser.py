@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from memory.scope import Scope
 from tests.web.conftest import CHROMIUM_ARGS, ServedApp, chromium_or_skip, offline_settings
 
 pytestmark = pytest.mark.browser
@@ -140,7 +141,7 @@ def test_deleted_fact_is_gone_from_the_next_answer(served, page):
     row.locator("[data-action=delete-fact]").click()
     row.wait_for(state="detached")
     page.reload()
-    assert page.locator("table.facts tbody tr").all_inner_texts().__len__() == 1
+    assert page.locator("table.facts tbody tr").count() == 1
     play(page, base, "ou_browser_f", "你还记得我什么？")
     facts = last(page).locator(".panel .mem-section", has_text="Facts").locator("li .content").all_inner_texts()
     assert facts == ["用户在杭州工作"]
@@ -160,9 +161,8 @@ def test_fact_inline_edit(served, page):
 
 def test_stored_markup_is_inert_text(served, page):
     base = served.url
-    served.run(served.app.memory.facts.add(
-        __import__("memory.scope", fromlist=["Scope"]).Scope("ou_browser_x", "", "p2p"),
-        "Alice says " + XSS, "knowledge", source="user_edit"))
+    served.run(served.app.memory.facts.add(Scope("ou_browser_x", "", "p2p"), "Alice says " + XSS, "knowledge",
+                                           source="user_edit"))
     page.goto(base + "/users/ou_browser_x/facts")
     assert page.title() != "pwned"
     assert page.locator("table.facts img").count() == 0 and page.locator("main script").count() == 0
@@ -179,8 +179,9 @@ def test_phone_layout(served, browser):
     page = context.new_page()
     try:
         base = served.url
-        play(page, base, "ou_browser_m", "记住我喜欢喝咖啡")
-        play(page, base, "ou_browser_m", "今天喝什么")
+        user = "ou_browser_m_with_a_rather_long_open_id_0123456789abcdef"
+        play(page, base, user, "记住我喜欢喝咖啡", name="一个很长很长的显示名字" * 6)   # 60 characters
+        play(page, base, user, "今天喝什么")
         # nothing wider than the screen; the memory panel is folded under the answer
         width = page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 390
@@ -189,7 +190,8 @@ def test_phone_layout(served, browser):
         assert "1 fact" in panel.locator(".panel-gist").inner_text()
         panel.locator("summary.panel-head").click()
         assert panel.locator(".mem-section", has_text="Facts").locator("li .content").is_visible()
-        page.goto(base + "/users/ou_browser_m/facts")
-        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+        for path in (f"/users/{user}/facts", f"/users/{user}/profile", "/users", f"/sessions?user={user}"):
+            page.goto(base + path)
+            assert page.evaluate("() => document.documentElement.scrollWidth") <= 390, path
     finally:
         context.close()

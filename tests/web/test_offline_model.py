@@ -155,6 +155,7 @@ async def test_deterministic(client):
     {"output_config": {"format": {"type": "json_schema", "schema": None}}, "messages": [{"role": "user"}]},
     {"tools": "x", "messages": [{"role": "user", "content": "记住 x"}]},
     {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope"}]}]},
+    {"tools": [{"name": ["unhashable"]}], "messages": [{"role": "user", "content": "记住 x"}]},
 ])
 async def test_odd_input_gets_a_short_text_never_a_crash(client, body):
     status, data = await post_raw(client, json.dumps({"model": "m", "max_tokens": 10, **body}).encode())
@@ -179,7 +180,7 @@ async def test_a_body_that_is_not_json_is_a_400(client):
 def _turns():
     def t(i, user, answer, name="林一"):
         return Turn(user=Message(i, "user", user, "ou_a", name), assistant=[Message(i + 1, "assistant", answer)])
-    return [t(1, "我是一名后端工程师。我在杭州工作，每天写 Go。", "[offline] 好的"),
+    return [t(1, "我是一名后端工程师。我在杭州工作，每天写 Go。", "[offline] 好的\n我记得：助手自己说的话"),
             t(3, "记住我喜欢喝咖啡", "[offline] 好的，我记住了"),
             t(5, "最近压力很大，睡不好。", "[offline] 抱抱你")]
 
@@ -192,7 +193,8 @@ async def test_consolidator_summary_and_extraction(client, model, mode):
         c._learned[model] = "json"          # what a 400 rejecting output_config teaches it
     assert c.mode_for() == mode
     summary = await c.compress(_turns())
-    assert "我是一名后端工程师" in summary and "我喜欢喝咖啡" in summary and "[offline]" not in summary
+    assert "我是一名后端工程师" in summary and "我喜欢喝咖啡" in summary
+    assert "[offline]" not in summary and "助手自己说的话" not in summary     # what users said, only
     assert len(summary) <= 600
 
     got = await c.extract([t.user_text for t in _turns()], companion=True)

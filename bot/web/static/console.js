@@ -235,6 +235,13 @@
       m.summary ? el("pre", { className: "mem", text: m.summary }) : null, true));
     panel.appendChild(section("Long-term", "[长期记忆]", m.long_term ? 1 : 0,
       m.long_term ? el("pre", { className: "mem", text: m.long_term }) : null, true));
+    if (d.tools && d.tools.length) {
+      panel.appendChild(section("Tools called", "written to memory", d.tools.length,
+        el("ul", null, d.tools.map(function (t) {
+          return el("li", { className: t.is_error ? "tool-error" : "" }, [el("span", { text: t.name }),
+            el("span", { className: "fact-meta", text: t.result })]);
+        })), true));
+    }
   }
 
   // ---------------------------------------------------------------- profile

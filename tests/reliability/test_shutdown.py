@@ -1,0 +1,239 @@
+"""Shutdown under load (issue item 10): stop while replies are being written and more are
+queued, while consolidation is running.
+
+- In-flight replies finish within ``ETHAN_SHUTDOWN_DEADLINE`` and are delivered before the
+  stop returns (the process exits); the stop itself ends soon after the deadline.
+- During the shutdown the webhook never acknowledges what it did not store (503: Lark
+  delivers it again).
+- What could not finish stays pending in the inbox and is answered after the restart —
+  once, in order; pending consolidation stays derivable from the database and is done after
+  the restart.
+
+Two variants: in process (``EthanApp.stop``, the default, fast) and as a real SIGTERM to
+``python -m bot serve`` (slow: two process starts). Known logging defect: a refused event
+during the shutdown is logged at error level with a traceback (``webhook.store_failed``) —
+its own strict-xfail test below; the two variants ignore that one event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import aiohttp
+import pytest
+
+from memory.working import MemoryConfig
+from tests.fakes.fake_anthropic import Delay, Text, last_user_text
+from tests.fakes.lark_events import make_text_event
+from tests.harness import Harness
+from tests.reliability.support import deliveries_by_trigger, post_event, sqlite_rows, wait_until
+
+TOKEN = re.compile(r"conv(\d+)-seq(\d+)")
+KNOWN_NOISE = ("webhook.store_failed",)       # see test_refusing_events_while_stopping_is_not_an_error
+
+
+def _mid(ev: dict) -> str:
+    return ev["event"]["message"]["message_id"]
+
+
+class Knobs:
+    """The fake model's behaviour, switched by the test: slow chat, hanging consolidation."""
+
+    def __init__(self, model, think: float) -> None:
+        self.slow = False
+        self.hang_summaries = True
+        self.think = think
+        model.clear()                # the fixture's consolidation routes would answer first
+        model.responder = self.chat
+        model.on_tool("extract_memories", {"facts": [], "profile_psych": []}, keys={"facts", "profile_psych"})
+        model.on_tool("write_summary", self.summary, keys={"summary"})
+
+    def chat(self, req):
+        answer = Text(f"echo: {last_user_text(req)}")
+        return Delay(self.think, answer) if self.slow else answer
+
+    def summary(self, req):
+        return Delay(60, Text("{}")) if self.hang_summaries else {"summary": "压缩摘要"}
+
+
+def _load(convs: int, per_conv: int) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+    evs = [make_text_event(f"conv{c}-seq{k} question", chat_id=f"oc_p2p_{c}", sender=f"ou_{c}")
+           for k in range(per_conv) for c in range(convs)]
+    return evs, {_mid(ev): tuple(map(int, TOKEN.search(ev["event"]["message"]["content"]).groups())) for ev in evs}
+
+
+def _in_flight(model, events) -> set[str]:
+    started = {last_user_text(r.json) for r in model.chat_requests()}
+    return {m for m, (c, k) in events.items() if f"conv{c}-seq{k} question" in started}
+
+
+def _check_after_stop(db_path, events, delivered_before_stop: set[str], in_flight: set[str], long_session: str):
+    assert not in_flight - delivered_before_stop, \
+        f"{len(in_flight - delivered_before_stop)} in-flight replies did not finish within the deadline"
+    status = {r["message_id"]: r["status"] for r in sqlite_rows(db_path, "SELECT message_id, status FROM inbox")}
+    assert all(status[m] == "done" for m in delivered_before_stop if m in status)
+    pending = {m for m, s in status.items() if s == "pending"}
+    assert pending == set(events) - delivered_before_stop, "every unanswered message must stay pending"
+    assert pending, "the test should leave work for the restart"
+    state = sqlite_rows(db_path, "SELECT compressed_upto FROM consolidation_state WHERE session_id = ?",
+                        (long_session,))
+    assert not state or state[0]["compressed_upto"] == 0, "the hanging compression cannot have finished"
+    # Derivable: the session still has uncompressed messages, so a restart finds the work.
+    left = sqlite_rows(db_path, "SELECT COUNT(*) AS n FROM messages WHERE session_id = ?", (long_session,))
+    assert left[0]["n"] > 0
+
+
+def _check_after_restart(lark, events, db_path, long_session: str, per_conv: int) -> None:
+    delivered = deliveries_by_trigger(lark)
+    assert all(n == 1 for n in delivered.values()), [m for m, n in delivered.items() if n != 1][:5]
+    order: dict[int, list[int]] = {}
+    for m in lark.messages():
+        if m.reply_to in events:
+            c, k = events[m.reply_to]
+            order.setdefault(c, []).append(k)
+    assert all(ks == list(range(per_conv)) for ks in order.values()), order
+    warm = sqlite_rows(db_path, "SELECT summary FROM warm_summaries WHERE session_id = ?", (long_session,))
+    assert warm and warm[0]["summary"] == "压缩摘要"
+
+
+async def test_stop_under_load_finishes_in_flight_and_loses_nothing(tmp_path, lark, model, logs):
+    deadline, convs, per_conv = 3.0, 10, 5
+    knobs = Knobs(model, think=1.0)
+    cfg = MemoryConfig(hot_size=2, compress_batch=2, warm_capacity=4)
+    async with Harness(tmp_path, lark=lark, model=model, memory_config=cfg,
+                       ethan_shutdown_deadline=deadline) as h:
+        for k in range(5):                    # compression due after 4 complete turns
+            await h.send_text(f"long-{k} 我们继续聊", chat_id="oc_p2p_long", sender="ou_long")
+            await h.replies(k + 1)
+        await wait_until(lambda: model.tool_requests("write_summary") or model.structured_requests(), 10,
+                         "compression started")
+        long_session = (await h.app.db.fetchone("SELECT id FROM sessions WHERE chat_id = 'oc_p2p_long'"))["id"]
+
+        knobs.slow = True
+        evs, events = _load(convs, per_conv)
+        for ev in evs:
+            assert (await h.post(ev))[0] == 200
+        await wait_until(lambda: len(_in_flight(model, events)) >= convs, 10, "every conversation thinking")
+        in_flight = _in_flight(model, events)
+
+        t0 = time.monotonic()
+        stop = asyncio.create_task(h.stop_app())
+        await asyncio.sleep(0.2)
+        late = make_text_event("conv99-seq0 late question", chat_id="oc_p2p_99", sender="ou_99")
+        late_status, _ = await h.post(late)
+        assert late_status == 503, late_status
+        await stop
+        seconds = time.monotonic() - t0
+        assert seconds < deadline + 2.5, f"stop took {seconds:.1f}s with a {deadline}s deadline"
+        _check_after_stop(tmp_path / "ethan.db", events, set(deliveries_by_trigger(lark)), in_flight, long_session)
+
+        knobs.slow, knobs.hang_summaries = False, False
+        await h.start_app()
+        assert (await h.post(late))[0] == 200          # Lark delivers the refused one again
+        everything = set(events) | {_mid(late)}
+        await wait_until(lambda: everything <= set(deliveries_by_trigger(lark)), 30, "all answered after restart")
+        await h.idle(timeout=20)
+        await asyncio.sleep(0.3)
+        _check_after_restart(lark, events, tmp_path / "ethan.db", long_session, per_conv)
+    assert not logs.errors(ignore=KNOWN_NOISE), logs.errors()[:3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_sigterm_under_load_finishes_in_flight_and_loses_nothing(server, lark, model):
+    deadline, convs, per_conv = 6.0, 20, 6
+    knobs = Knobs(model, think=1.5)
+    srv = server(ETHAN_SHUTDOWN_DEADLINE=str(deadline))
+    await srv.start_ready()
+    async with aiohttp.ClientSession() as http:
+        # One long conversation, so that compression is due (10 hot + 5 turns) and running.
+        for k in range(16):
+            ev = make_text_event(f"long-{k} 我们继续聊", chat_id="oc_p2p_long", sender="ou_long")
+            assert await post_event(http, srv.url, ev) == 200
+            await wait_until(lambda: _mid(ev) in deliveries_by_trigger(lark), 10, "long conversation answer")
+        await wait_until(lambda: model.tool_requests("write_summary") or model.structured_requests(), 10,
+                         "compression started")
+        [row] = sqlite_rows(srv.db_path, "SELECT id FROM sessions WHERE chat_id = 'oc_p2p_long'")
+        long_session = row["id"]
+
+        knobs.slow = True
+        evs, events = _load(convs, per_conv)
+        statuses = await asyncio.gather(*(post_event(http, srv.url, ev) for ev in evs))
+        assert set(statuses) == {200}
+        await wait_until(lambda: len(_in_flight(model, events)) >= convs, 10, "every conversation thinking")
+        in_flight = _in_flight(model, events)
+
+        term = asyncio.create_task(srv.terminate(timeout=deadline + 20))
+        await asyncio.sleep(0.3)
+        late = make_text_event("conv99-seq0 late question", chat_id="oc_p2p_99", sender="ou_99")
+        assert await post_event(http, srv.url, late) in (503, None)
+        code, seconds = await term
+    assert code == 0, srv.tail()
+    # The app's own stop (drain, cancel, consolidation drain >= 1 s, close) ends just after the
+    # deadline; the process exit adds interpreter teardown (~3 s on this machine, most of it
+    # lark_oapi's module graph — see docs/reliability.md).
+    [stopped] = [e for e in srv.entries() if e.get("event") == "app.stopped"]
+    assert stopped["elapsed_ms"] < (deadline + 2) * 1000, stopped
+    assert seconds < deadline + 8, f"the process took {seconds:.1f}s to exit with a {deadline}s deadline"
+    _check_after_stop(srv.db_path, events, set(deliveries_by_trigger(lark)), in_flight, long_session)
+
+    knobs.slow, knobs.hang_summaries = False, False
+    await srv.start_ready()
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, srv.url, late) == 200
+    everything = set(events) | {_mid(late)}
+    await wait_until(lambda: everything <= set(deliveries_by_trigger(lark)), 60, "all answered after restart")
+    await wait_until(lambda: sqlite_rows(srv.db_path, "SELECT 1 FROM warm_summaries WHERE session_id = ?",
+                                         (long_session,)), 30, "the pending compression done after the restart")
+    await asyncio.sleep(0.5)
+    code, _ = await srv.terminate()
+    assert code == 0
+    _check_after_restart(lark, events, srv.db_path, long_session, per_conv)
+    errors = srv.errors(ignore=KNOWN_NOISE)
+    assert not errors, errors[:5]
+
+
+@pytest.mark.xfail(strict=True, reason="defect: an event refused because the bot is stopping is logged "
+                   "as webhook.store_failed at error level with a traceback (an expected condition, "
+                   "not a failure) — see docs/reliability.md")
+async def test_refusing_events_while_stopping_is_not_an_error(tmp_path, logs):
+    async with Harness(tmp_path, ethan_shutdown_deadline=2) as h:
+        h.model.responder = lambda req: Delay(1.0, Text("slow answer"))
+        await h.send_text("first", chat_id="oc_p2p_alice", sender="ou_alice")
+        await asyncio.sleep(0.3)
+        stop = asyncio.create_task(h.stop_app())
+        await asyncio.sleep(0.1)
+        status, _ = await h.post(make_text_event("during the stop", chat_id="oc_p2p_bob", sender="ou_bob"))
+        await stop
+        assert status == 503
+    assert not logs.errors(), [(e["event"], e.get("level")) for e in logs.errors()]
+
+
+@pytest.mark.xfail(strict=True, reason="defect: EthanApp.stop never closes the open sessions "
+                   "(DESIGN.md §4: sessions end on shutdown, which is when the episode is written); "
+                   "SessionStore.close_all exists but is not called — see docs/reliability.md")
+async def test_shutdown_ends_sessions_and_their_episodes_follow(tmp_path):
+    async with Harness(tmp_path) as h:
+        for text in ("我们聊聊 Falcon 项目的上线计划", "上线时间定在下个月", "风险主要在测试环境"):
+            await h.send_text(text, chat_id="oc_p2p_alice", sender="ou_alice")
+            await h.idle()
+        await h.stop_app()
+        open_sessions = sqlite_rows(tmp_path / "ethan.db", "SELECT id FROM sessions WHERE closed_at IS NULL")
+        assert open_sessions == [], "sessions must end on shutdown"
+        await h.start_app()
+        await h.idle(timeout=20)
+        episodes = await h.app.db.fetchall("SELECT user_id FROM episodes")
+        assert [e["user_id"] for e in episodes] == ["ou_alice"]
+
+
+async def test_stop_with_nothing_to_do_is_quick(tmp_path):
+    """The deadline is an upper bound, not a wait: an idle bot stops at once."""
+    async with Harness(tmp_path, ethan_shutdown_deadline=20) as h:
+        await h.send_text("hello", chat_id="oc_p2p_alice", sender="ou_alice")
+        await h.replies(1)
+        await h.idle()
+        t0 = time.monotonic()
+        await h.stop_app()
+        assert time.monotonic() - t0 < 2.5
