@@ -129,13 +129,14 @@ class EthanApp:
                                     override_model=s.ethan_consolidation_model or None)
         self.queue = ConsolidationQueue(db=self.db, sessions=sessions, working=working, facts=facts,
                                         profile=profile, episodes=episodes, modes=modes,
-                                        consolidator=consolidator)
+                                        consolidator=consolidator, log=get_logger("ethan.consolidation"))
         self.memory = Memory(db=self.db, sessions=sessions, working=working, facts=facts,
                              procedures=procedures, profile=profile, episodes=episodes, modes=modes,
                              queue=self.queue)
         # Every close (idle sweep, /new, /resume, idle-on-append) writes the episode off the reply path.
         sessions.add_close_listener(self.queue.request_episode)
-        self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline)
+        self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
+                           on_failure=lambda kind: self.metrics.model_failures.labels(kind=kind).inc())
         self.commands = Commands(self)
         self.inbox = Inbox(self.db)
         deps = HandlerDeps(

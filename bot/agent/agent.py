@@ -14,7 +14,7 @@ import datetime as dt
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from bot.agent.loop import run_loop
 from bot.agent.model import ChatModel, ModelFailure
@@ -95,11 +95,13 @@ def apology(kind: str, user_text: str) -> str:
 
 class Agent:
     def __init__(self, memory: Memory, model: ChatModel, *, deadline: float = 60.0,
-                 max_input_chars: int = 20_000) -> None:
+                 max_input_chars: int = 20_000,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         self.memory = memory
         self.model = model
         self.deadline = deadline
         self.max_input_chars = max_input_chars
+        self.on_failure = on_failure     # called with ModelFailure.kind (metrics)
         self.calls = 0
         self.failures = 0
 
@@ -159,6 +161,8 @@ class Agent:
                                     ctx=ctx, on_text=reply.stream, deadline=deadline)
         except ModelFailure as failure:
             self.failures += 1
+            if self.on_failure is not None:
+                self.on_failure(failure.kind)
             (bound.error if failure.kind == "spend_limit" else bound.warning)(
                 "agent.model_failed", kind=failure.kind, status=failure.status,
                 detail=failure.detail[:300], elapsed_ms=int((time.monotonic() - started) * 1000))

@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lark_oapi.core.utils.decryptor import AESCipher
-
 MAX_SKEW_SECONDS = 5 * 60
 
 
@@ -41,6 +39,10 @@ def decrypt(encrypted: str, encrypt_key: str) -> str:
         data = base64.b64decode(encrypted, validate=True)
     except (ValueError, TypeError) as e:
         raise ValueError("encrypt is not base64") from e
+    # Imported here: importing lark_oapi loads the whole SDK (~3 s), which a console-only
+    # start never needs.
+    from lark_oapi.core.utils.decryptor import AESCipher
+
     plain = AESCipher(encrypt_key).decrypt(data)
     try:
         return plain.decode("utf-8")
