@@ -63,8 +63,12 @@ class ReplyRoutes:
 
 
 class EthanApp:
-    def __init__(self, settings: Settings, *, memory_config: MemoryConfig | None = None) -> None:
+    def __init__(self, settings: Settings, *, memory_config: MemoryConfig | None = None,
+                 recover_inbox: bool = True) -> None:
         self.settings = settings
+        # False for a second process on the same database (ethan chat beside ethan serve): the
+        # server's unanswered Lark events are the server's to answer.
+        self.recover_inbox = recover_inbox
         self.memory_config = memory_config or MemoryConfig()
         self.metrics = Metrics()
         self.web = web.Application(client_max_size=1024 * 1024)
@@ -171,7 +175,8 @@ class EthanApp:
                 self.long_connection.start(asyncio.get_running_loop())
         await self.queue.start()
         await self.queue.recover()
-        await self._recover_inbox()
+        if self.recover_inbox:
+            await self._recover_inbox()
         self._spawn(self._housekeeping(), "housekeeping")
         # jieba's first load (~1 s) stays off the reply path.
         from memory.episodic import warm_up

@@ -82,11 +82,7 @@ def terminal_app(settings: Settings) -> Any:
     """
     from bot.app import EthanApp
 
-    class TerminalApp(EthanApp):
-        async def _recover_inbox(self) -> None:
-            return None
-
-    return TerminalApp(settings)
+    return EthanApp(settings, recover_inbox=False)
 
 
 class TerminalReply:

@@ -170,8 +170,6 @@ def build_event(*, user_id: str, text: str, chat: str, mention: bool, bot_open_i
 # --------------------------------------------------------------------------------------
 
 def _asdict(obj: Any) -> dict:
-    if hasattr(obj, "to_dict") and not dataclasses.is_dataclass(obj):
-        return obj.to_dict()
     return dataclasses.asdict(obj)
 
 

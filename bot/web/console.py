@@ -126,13 +126,14 @@ class Pages:
 
     def page(self, request: web.Request, *, title: str, page: str, content: Markup, section: str,
              status: int = 200) -> web.Response:
+        allowed = self.auth.allowed(request)
         nav = join(
             tag("a", label, href=href, aria_current="page" if key == section else None)
             for key, label, href in (("playground", "Playground", "/"), ("users", "Memory", "/users"),
                                      ("sessions", "Sessions", "/sessions"))
-        )
+        ) if allowed else Markup("")
         account: Markup = Markup("")
-        if not self.auth.is_open(request):
+        if allowed and not self.auth.is_open(request):
             account = Markup('<form method="post" action="/logout" class="logout">'
                              '<button type="submit" class="link">Sign out</button></form>')
         badge = Markup("")
@@ -166,8 +167,9 @@ class Pages:
         options = join(tag("option", u.get("name") or "", value=u["id"]) for u in users)
         offline = Markup("")
         if getattr(self.ethan.settings, "offline_model", False):
-            offline = Markup(" — answers come from the built-in <strong>offline model</strong> "
-                             "(no <code>ANTHROPIC_API_KEY</code>).")
+            offline = Markup("Answers come from the built-in <strong>offline model</strong> "
+                             "(no <code>ANTHROPIC_API_KEY</code>): deterministic, marked <code>[offline]</code>, "
+                             "and it calls the same memory tools.")
         content = render("playground.html", user_id="ou_console_demo", name="Demo", user_options=options,
                          offline_hint=offline)
         return self.page(request, title="Playground", page="playground", content=content, section="playground")

@@ -184,7 +184,7 @@ async def test_sessions_and_episodes(console):
     status, detail = await console.call("GET", f"/api/sessions/{hit['id']}")
     assert status == 200 and detail["messages"][0]["content"].startswith("我在杭州")
     # the episode is written in the background when the session ends
-    for _ in range(100):
+    for _ in range(300):
         status, eps = await console.call("GET", "/api/users/ou_alice/episodes")
         if eps["episodes"]:
             break

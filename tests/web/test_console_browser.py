@@ -69,6 +69,9 @@ def last(page):
 
 def test_playground_answer_and_memory_panel(served, page):
     base = served.url
+    page.goto(base + "/")
+    page.click("button.example[data-example='/memory']")
+    assert page.input_value("#pg-form textarea") == "/memory"
     play(page, base, "ou_browser_a", "记住我喜欢喝咖啡", name="小A")
     assert last(page).locator(".msg.bot .text").inner_text() == "[offline] 好的，我记住了：用户喜欢喝咖啡"
     assert "小A · direct" in last(page).locator(".msg.user .who").inner_text()

@@ -97,6 +97,13 @@
     });
     syncMention();
 
+    log.querySelectorAll("button.example").forEach(function (b) {
+      b.addEventListener("click", function () {
+        input.value = b.getAttribute("data-example");
+        input.focus();
+      });
+    });
+
     input.addEventListener("keydown", function (ev) {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();
