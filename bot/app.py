@@ -160,7 +160,8 @@ class EthanApp:
             )
             self.lark_api = OpenApi(s.lark_app_id, s.lark_app_secret, s.lark_domain, http=self._http)
             self.sender = LarkSender(self.lark_api)
-            self.names = deps.names = CachedNames(self.lark_api)
+        # Group speakers' names: looked up in Lark when connected; the console registers its own.
+        self.names = deps.names = CachedNames(self.lark_api)
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self.handler, max_concurrency=s.ethan_max_concurrency)
         self.intake = Intake(self.inbox, self.dispatcher,
@@ -333,7 +334,11 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await app.start()
+    try:
+        await app.start()
+    except BaseException:
+        await app.stop()   # closes the database; its thread would keep the process alive
+        raise
     s = settings
     if not s.lark_enabled:
         log.info("app.console_only", url=app.base_url + "/",

@@ -52,6 +52,8 @@ class CachedNames:
                 fut.set_result(fallback(open_id))
 
     async def _lookup(self, open_id: str) -> str:
+        if self.api is None:   # console only: no Lark to ask
+            return fallback(open_id)
         self.lookups += 1
         try:
             data = await self.api.request(

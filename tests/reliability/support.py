@@ -223,13 +223,18 @@ async def post_event(http: aiohttp.ClientSession, url: str, event: dict, *,
                      timeout: float = 10.0) -> int | None:
     """POST one event as Lark would; the HTTP status, or None when no answer came back."""
     headers, body = webhook_request(event, encrypt_key=ENCRYPT_KEY, verification_token=VERIFICATION_TOKEN)
+    t0 = time.monotonic()
     try:
         async with http.post(url + "/lark/events", data=body, headers=headers,
                              timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             await r.read()
             return r.status
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+        POST_ERRORS.append(f"{type(e).__name__}: {e} after {time.monotonic() - t0:.2f}s")
         return None
+
+
+POST_ERRORS: list[str] = []      # why post_event returned None (for failure messages)
 
 
 def bot_mention() -> dict:

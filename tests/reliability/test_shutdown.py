@@ -28,7 +28,7 @@ from memory.working import MemoryConfig
 from tests.fakes.fake_anthropic import Delay, Text, last_user_text
 from tests.fakes.lark_events import make_text_event
 from tests.harness import Harness
-from tests.reliability.support import deliveries_by_trigger, post_event, sqlite_rows, wait_until
+from tests.reliability.support import POST_ERRORS, deliveries_by_trigger, post_event, sqlite_rows, wait_until
 
 TOKEN = re.compile(r"conv(\d+)-seq(\d+)")
 KNOWN_NOISE = ("webhook.store_failed",)       # see test_refusing_events_while_stopping_is_not_an_error
@@ -182,7 +182,7 @@ async def test_sigterm_under_load_finishes_in_flight_and_loses_nothing(server, l
     knobs.slow, knobs.hang_summaries = False, False
     await srv.start_ready()
     async with aiohttp.ClientSession() as http:
-        assert await post_event(http, srv.url, late) == 200
+        assert await post_event(http, srv.url, late, timeout=15) == 200, POST_ERRORS[-3:]
     everything = set(events) | {_mid(late)}
     await wait_until(lambda: everything <= set(deliveries_by_trigger(lark)), 60, "all answered after restart")
     await wait_until(lambda: sqlite_rows(srv.db_path, "SELECT 1 FROM warm_summaries WHERE session_id = ?",
