@@ -366,7 +366,7 @@ async def _run(quick: bool) -> list[str]:
             else:
                 os.environ["ETHAN_HOME"] = old_home
     return [
-        "### Session search: FTS5 trigram vs LIKE",
+        "### 4. Session search: FTS5 trigram vs LIKE",
         "",
         f"Seeded corpus ({SEED}): Chinese words by jieba frequency, Zipf English, code-switching; "
         f"SQLite {sqlite3.sqlite_version}. This benchmark: {time.perf_counter() - wall0:.0f} s wall, "

@@ -51,21 +51,28 @@ async def _drive(post: Post, lark, *, conversations: int, per_conv: int, concurr
             if status != 200:
                 bad.append((c, k, status))
 
+    # One event first: the first request after a start is slow for a known reason, tested
+    # on its own (test_crash.py::test_events_right_after_a_restart_are_acknowledged_within_3_seconds).
+    warm = make_text_event("warm up", chat_id="oc_p2p_warm", sender="ou_warm")
+    assert await post(warm) == 200
     t0 = time.monotonic()
     await asyncio.gather(*(conversation(c) for c in range(conversations)))
     sent_s = time.monotonic() - t0
     total = conversations * per_conv
-    await wait_until(lambda: len(deliveries_by_trigger(lark)) >= total, 60 + total * 0.1, f"{total} answers")
+    await wait_until(lambda: len(deliveries_by_trigger(lark)) >= total + 1, 60 + total * 0.1, f"{total} answers")
     answered_s = time.monotonic() - t0
     await asyncio.sleep(0.5)
 
     assert not bad, bad[:5]
     assert max(ack_times) < 3.0, f"slowest acknowledgement {max(ack_times):.2f}s"
     delivered = deliveries_by_trigger(lark)
+    delivered.pop(warm["event"]["message"]["message_id"], None)
     assert set(delivered) == set(events)
     assert all(n == 1 for n in delivered.values()), [m for m, n in delivered.items() if n != 1][:5]
     seen: dict[int, list[int]] = {}
     for m in lark.messages():                    # delivery order
+        if m.reply_to not in events:
+            continue
         c, k = events[m.reply_to]
         found = TOKEN.search(m.text)
         assert found and (int(found[1]), int(found[2])) == (c, k), (m.text, c, k)
@@ -90,7 +97,7 @@ async def _subprocess_load(server, lark, model, *, conversations: int, per_conv:
     await srv.start_ready()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as http:
         async def post(ev):
-            return await post_event(http, srv.url, ev, timeout=10)
+            return await post_event(http, srv.url, ev, timeout=15)
 
         await _drive(post, lark, conversations=conversations, per_conv=per_conv)
     code, _ = await srv.terminate()

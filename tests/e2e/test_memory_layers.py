@@ -1,0 +1,82 @@
+"""The memory layers end to end, through signed webhook events and the fake model."""
+
+from __future__ import annotations
+
+from tests.fakes.fake_anthropic import Text, ToolUse, default_responder, is_chat
+from tests.harness import Harness
+
+ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
+
+
+async def _say(h, text, **who):
+    n = len(h.lark.messages()) + 1
+    await h.send_text(text, **who)
+    await h.replies(n)
+    await h.idle()
+
+
+async def test_restart_keeps_the_conversation_and_its_history(tmp_path):
+    async with Harness(tmp_path) as h:
+        h.model.responder = lambda req: Text("ok") if is_chat(req) else default_responder(req)
+        await _say(h, "我在做一个叫 Falcon 的项目", **ALICE)
+        await _say(h, "它用 Go 写的", **ALICE)
+        await h.restart()
+        await _say(h, "刚才说的项目叫什么？", **ALICE)
+        texts = h.model.user_texts(h.model.chat_requests()[-1])
+        assert any("Falcon" in t for t in texts[:-1])   # replayed from before the restart
+        rows = await h.app.db.fetchall("SELECT id FROM sessions")
+        assert len(rows) == 1                            # same session continues
+
+
+def _summary(req):
+    return {"summary": "讨论了 Falcon 项目从 Python 迁移到 Go 的计划和风险"}
+
+
+async def test_new_writes_an_episode_that_a_later_session_recalls(tmp_path):
+    async with Harness(tmp_path) as h:
+        # Chat turns answer "好的"; background extraction gets the fake's default answer.
+        h.model.responder = lambda req: Text("好的") if is_chat(req) else default_responder(req)
+        h.model.on_tool("write_summary", _summary, keys={"summary"})
+        for text in ("Falcon 项目准备从 Python 迁移到 Go", "主要风险是团队不熟悉 Go", "迁移计划分三个阶段"):
+            await _say(h, text, **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        rows = await h.app.db.fetchall("SELECT user_id, summary, keywords, turn_count FROM episodes")
+        assert len(rows) == 1
+        ep = rows[0]
+        assert ep["user_id"] == "ou_alice" and ep["turn_count"] == 3 and "Falcon" in ep["summary"]
+        assert ep["keywords"] != "[]"
+        # A one-turn session writes none.
+        await _say(h, "随便问一句", **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        assert len(await h.app.db.fetchall("SELECT id FROM episodes")) == 1
+        # A later message on the same topic brings it back; Bob never sees it.
+        await _say(h, "上次我们聊的 Falcon 项目迁移到 Go 的风险，你还记得吗？", **ALICE)
+        system = h.model.last_system_text(h.model.chat_requests()[-1])
+        assert "<related_episodes>" in system and "Falcon" in system
+        await _say(h, "上次我们聊的 Falcon 项目迁移到 Go 的风险，你还记得吗？",
+                   chat_id="oc_p2p_bob", sender="ou_bob")
+        assert "<related_episodes>" not in h.model.last_system_text(h.model.chat_requests()[-1])
+
+
+async def test_group_requests_never_carry_the_psychology_section(tmp_path):
+    async with Harness(tmp_path) as h:
+        h.model.script(
+            ToolUse("profile_update", {"section": "心理与情绪", "entry": "最近因为项目延期压力很大"}),
+            Text("我在。"),
+        )
+        await _say(h, "最近项目延期，我压力很大", **ALICE)
+        h.model.responder = lambda req: Text("ok") if is_chat(req) else default_responder(req)
+        # The group-learned entry is shared; the p2p one and the psychology section are not.
+        h.model.script(ToolUse("profile_update", {"section": "身份与背景", "entry": "负责支付系统"}), Text("ok"))
+        await _say(h, "我负责支付系统，帮我们梳理一下这周的发布计划吧", chat_id="oc_group_9",
+                   chat_type="group", sender="ou_alice")
+        await _say(h, "帮我们梳理一下这周的发布计划和每个人负责的部分", chat_id="oc_group_9",
+                   chat_type="group", sender="ou_alice")
+        group_system = h.model.last_system_text(h.model.chat_requests()[-1])
+        assert "心理与情绪" not in group_system and "压力" not in group_system
+        assert "负责支付系统" in group_system
+        await _say(h, "帮我回顾一下最近的工作状态和压力来源吧，顺便给点建议", **ALICE)
+        p2p_system = h.model.last_system_text(h.model.chat_requests()[-1])
+        assert "心理与情绪" in p2p_system and "压力很大" in p2p_system
