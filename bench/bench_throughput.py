@@ -242,7 +242,8 @@ def _sum_by(counts: dict, index: int) -> dict:
 _AREAS = [
     ("Ethan: bot/", ("/bot/",)),
     ("Ethan: memory/", ("/memory/",)),
-    ("HTTP client (httpx, httpcore, h11, anyio) — Lark + model calls", ("/httpx", "/httpcore", "/h11/", "/anyio/", "/sniffio/")),
+    ("HTTP client (httpx, httpcore, h11, anyio) — Lark + model calls",
+     ("/httpx", "/httpcore", "/h11/", "/anyio/", "/sniffio/")),
     ("anthropic SDK (streaming parse, models)", ("/anthropic/",)),
     ("aiohttp server (webhook)", ("/aiohttp/", "/multidict/", "/yarl/")),
     ("aiosqlite hand-off to the SQLite thread", ("/aiosqlite/", "SimpleQueue")),
@@ -324,7 +325,6 @@ lark.stop()
 
 
 async def _send_costs(base_url: str, n: int) -> list[tuple[str, float, float]]:
-    import httpx
     import lark_oapi as lark
     from lark_oapi.api.im.v1 import ReplyMessageRequest, ReplyMessageRequestBody
 
@@ -383,7 +383,6 @@ async def _send_costs(base_url: str, n: int) -> list[tuple[str, float, float]]:
                 await r.json()
 
         await measure("reference: one `aiohttp.ClientSession` (raw POST, no retry logic)", raw)
-    _ = httpx
     return results
 
 

@@ -340,6 +340,14 @@ class Server:
         self.stop()
         raise RuntimeError(f"server not healthy within {timeout}s:\n{self.tail()}")
 
+    def _logged(self, event: str) -> bool:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 4096))
+                return f'"event": "{event}"'.encode() in f.read()
+        except OSError:
+            return False
+
     def tail(self, n: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -386,13 +394,21 @@ class Server:
         return 0
 
     def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (the app stops in order); once it has logged ``app.stopped`` the interpreter's
+        own teardown (a second or so for lark-oapi's module graph) is not waited for."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
+            end = time.monotonic() + timeout
+            stopped_at = None
+            while self.proc.poll() is None and time.monotonic() < end:
+                if stopped_at is None and self._logged("app.stopped"):
+                    stopped_at = time.monotonic()
+                if stopped_at is not None and time.monotonic() - stopped_at > 0.3:
+                    break
+                time.sleep(0.02)
+            if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait(5)
         if self._log is not None:

@@ -28,7 +28,8 @@ def test_quick_benchmarks_run_and_print_tables(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )
     out = proc.stdout
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout ---\n{out[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n--- stdout ---\n{out[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
     assert "**FAILED**" not in out, out[-6000:]
     assert out.startswith("## Ethan benchmarks (quick)")
     assert "- CPU:" in out and "SQLite" in out and "- date:" in out
