@@ -14,6 +14,7 @@ the exit status is then 1.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
 import os
 import sys
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="reduced sizes: the whole run in under a minute")
     p.add_argument("--output", type=Path, help="also write the report to this file")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="benchmarks run at a time (default: 2 with --quick, else 1; numbers then disturb "
+                        "each other)")
     args = p.parse_args(argv)
     if args.list:
         for name, module, title in BENCHMARKS:
@@ -71,10 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines), flush=True)
 
     mode = "quick" if args.quick else "full"
-    emit([f"## Ethan benchmarks ({mode})", "", *machine_lines(), ""])
+    jobs = args.jobs or (2 if args.quick else 1)
+    head = [f"## Ethan benchmarks ({mode})", "", *machine_lines()]
+    if jobs > 1:
+        head.append(f"- {jobs} benchmarks ran at a time (to keep the quick run short): their numbers "
+                    "disturb each other and are not for comparison")
+    emit([*head, ""])
     failed: list[str] = []
     t_all = time.perf_counter()
-    for name, module, title in _select(args.names):
+    chosen = _select(args.names)
+
+    def one(item: tuple[str, str, str]) -> list[str]:
+        name, module, title = item
         t0 = time.perf_counter()
         try:
             mod = importlib.import_module(module)
@@ -86,7 +98,22 @@ def main(argv: list[str] | None = None) -> int:
             tb = traceback.format_exc(limit=8)
             lines = [f"### {title}", "", f"**FAILED**: `{type(e).__name__}: {str(e)[:300]}`", "", "```",
                      tb.rstrip(), "```"]
-        emit([*lines, "", f"_{name}: {time.perf_counter() - t0:.1f} s_", ""])
+        return [*lines, "", f"_{name}: {time.perf_counter() - t0:.1f} s_", ""]
+
+    if jobs == 1:
+        for item in chosen:
+            emit(one(item))
+    else:
+        # modules are imported up front, one at a time (imports are not thread-safe to race)
+        for _, module, _ in chosen:
+            try:
+                importlib.import_module(module)
+            except Exception:  # reported by one() when it runs
+                pass
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(one, item) for item in chosen]
+            for fut in futures:        # report order, whatever order they finish in
+                emit(fut.result())
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     emit([f"Total: {time.perf_counter() - t_all:.0f} s"
           + (f"; load average at the end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}" if load else "")

@@ -107,7 +107,7 @@ async def _open_close(database_cls, path: Path) -> None:
     await (await database_cls(path).open()).close()
 
 
-async def _user_loop(url: str, fakes: Fakes, user: int, n: int, out: list[float], users: int) -> None:
+async def _user_loop(url: str, fakes: Fakes, user: int, n: int, out: list[float]) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
@@ -159,7 +159,7 @@ def _phase(setup: _Setup, per_user: int, settle: float, users: int = USERS) -> d
     t0 = time.monotonic()
 
     async def go() -> None:
-        await asyncio.gather(*(_user_loop(server.url + "/lark/events", fakes, u, per_user, lat, users)
+        await asyncio.gather(*(_user_loop(server.url + "/lark/events", fakes, u, per_user, lat)
                                for u in range(users)))
 
     asyncio.run(go())
@@ -171,7 +171,7 @@ def _phase(setup: _Setup, per_user: int, settle: float, users: int = USERS) -> d
 
 async def _warm(url: str, fakes: Fakes) -> None:
     out: list[float] = []
-    await _user_loop(url + "/lark/events", fakes, 999, 2, out, USERS)
+    await _user_loop(url + "/lark/events", fakes, 999, 2, out)
 
 
 def run(quick: bool = False) -> list[str]:
@@ -199,8 +199,8 @@ def run(quick: bool = False) -> list[str]:
     return [
         "### 6. Reply latency under consolidation",
         "",
-        f"{idle['users']} users, closed loop (next message {THINK * 1000:.0f} ms after the reply arrived; a new p2p chat "
-        "every 10 messages, so the measured sessions cause no consolidation themselves), "
+        f"{idle['users']} users, closed loop (next message {THINK * 1000:.0f} ms after the reply arrived; a new "
+        "p2p chat every 10 messages, so the measured sessions cause no consolidation themselves), "
         f"{per_user} messages each; "
         f"fake model: {CHAT_LATENCY * 1000:.0f} ms per chat answer, {CONSOLIDATION_LATENCY * 1000:.0f} ms per "
         f"consolidation call. Busy: {backlog} open sessions × {BACKLOG_TURNS} unconsolidated turns queued at start "

@@ -142,17 +142,11 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | Non
 
 @contextlib.contextmanager
 def temp_home(prefix: str = "ethan-bench-"):
-    """A temporary ETHAN_HOME, removed afterwards (also set in os.environ meanwhile)."""
-    old = os.environ.get("ETHAN_HOME")
+    """A temporary ETHAN_HOME directory, removed afterwards. It is passed explicitly (the
+    server's environment, ``Database(path)``), never through ``os.environ``, so benchmarks
+    may run side by side in threads."""
     with tempfile.TemporaryDirectory(prefix=prefix) as d:
-        os.environ["ETHAN_HOME"] = d
-        try:
-            yield Path(d)
-        finally:
-            if old is None:
-                os.environ.pop("ETHAN_HOME", None)
-            else:
-                os.environ["ETHAN_HOME"] = old
+        yield Path(d)
 
 
 def free_port() -> int:

@@ -31,7 +31,7 @@ from bot.inbox import Inbox
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
 from bot.lark.normalize import Inbound
-from bot.lark.routes import make_handler
+from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.metrics import Metrics
 from bot.reply import Reply
@@ -198,6 +198,11 @@ class EthanApp:
         s = self.settings
         setup_health(self.web, self)
         if s.lark_enabled and s.lark_transport == "webhook":
+            # Load the cipher now, off the loop: the first requests after a restart (Lark's
+            # redeliveries) must be acknowledged within 3 s like any other.
+            import importlib
+
+            await asyncio.to_thread(importlib.import_module, "Crypto.Cipher.AES")
             handler = make_handler(self._intake_proxy(), encrypt_key=s.lark_encrypt_key,
                                    verification_token=s.lark_verification_token,
                                    on_refused=lambda r: self.metrics.refused.labels(reason=r).inc())
@@ -220,7 +225,7 @@ class EthanApp:
         class _Proxy:
             async def accept(self, raw: str, body: dict):
                 if app.intake is None or app.closing:
-                    raise RuntimeError("not accepting events")  # -> 503, Lark redelivers
+                    raise NotAccepting()  # -> 503, Lark redelivers
                 return await app.intake.accept(raw, body)
 
         return _Proxy()

@@ -180,19 +180,13 @@ class Database:
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
         async with self._read():
-            cur = await self.conn.execute(sql, params)
-            try:
-                return await cur.fetchone()
-            finally:
-                await cur.close()
+            # One round trip to the SQLite thread instead of execute/fetch/close.
+            rows = await self.conn.execute_fetchall(sql, params)
+            return rows[0] if rows else None
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         async with self._read():
-            cur = await self.conn.execute(sql, params)
-            try:
-                return list(await cur.fetchall())
-            finally:
-                await cur.close()
+            return list(await self.conn.execute_fetchall(sql, params))
 
     async def backup_to(self, dest: str | Path) -> None:
         """A consistent copy while the server runs (SQLite online backup API)."""

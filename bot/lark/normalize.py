@@ -19,6 +19,7 @@ BOT_SENDER_TYPES = frozenset({"bot", "app"})
 READABLE_TYPES = frozenset({"text", "post"})
 MAX_TEXT_CHARS = 20_000
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")   # lone surrogates cannot be stored as UTF-8
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +166,7 @@ def flatten_post(content: dict) -> str:
 def clean_text(text: str) -> str:
     text = unicodedata.normalize("NFC", text)
     text = _CONTROL.sub("", text)
+    text = _SURROGATE.sub("\ufffd", text)
     return text.strip()
 
 

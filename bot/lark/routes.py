@@ -45,6 +45,10 @@ def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
             return web.json_response({"challenge": verified.body["challenge"]})
         try:
             result = await intake.accept(verified.raw, verified.body)
+        except NotAccepting:
+            # Stopping: not stored, so Lark must deliver it again (to the next process).
+            log.info("webhook.deferred", reason="stopping")
+            return web.Response(status=503)
         except Exception:
             # The event is not stored: a 503 tells Lark to deliver it again later.
             log.exception("webhook.store_failed")
@@ -56,6 +60,10 @@ def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
 
 class _TooLarge(Exception):
     pass
+
+
+class NotAccepting(Exception):
+    """The bot is stopping: the event is refused (503) and Lark redelivers it later."""
 
 
 async def _read_limited(request: web.Request) -> bytes:

@@ -39,15 +39,26 @@ def decrypt(encrypted: str, encrypt_key: str) -> str:
         data = base64.b64decode(encrypted, validate=True)
     except (ValueError, TypeError) as e:
         raise ValueError("encrypt is not base64") from e
-    # Imported here: importing lark_oapi loads the whole SDK (~3 s), which a console-only
-    # start never needs.
-    from lark_oapi.core.utils.decryptor import AESCipher
-
-    plain = AESCipher(encrypt_key).decrypt(data)
+    plain = _aes_cbc_decrypt(hashlib.sha256(encrypt_key.encode()).digest(), data)
     try:
         return plain.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError("decrypted bytes are not UTF-8 (wrong key?)") from e
+
+
+def _aes_cbc_decrypt(key: bytes, data: bytes) -> bytes:
+    """Lark's scheme, as lark-oapi's AESCipher implements it, with pycryptodome directly:
+    importing lark_oapi loads the whole SDK (seconds, +140 MiB), which the webhook path and a
+    console-only start never need."""
+    from Crypto.Cipher import AES
+
+    if len(data) < 2 * AES.block_size or len(data) % AES.block_size:
+        raise ValueError("invalid ciphertext length")
+    plain = AES.new(key, AES.MODE_CBC, data[: AES.block_size]).decrypt(data[AES.block_size:])
+    pad = plain[-1] if plain else 0
+    if not 1 <= pad <= AES.block_size or plain[-pad:] != bytes([pad]) * pad:
+        raise ValueError("invalid PKCS7 padding")
+    return plain[:-pad]
 
 
 def signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:
@@ -72,7 +83,7 @@ def verify(
     now = time.time() if now is None else now
     try:
         outer = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:   # deep nesting is not a 500
         raise Malformed("body is not JSON") from e
     if not isinstance(outer, dict):
         raise Malformed("body is not a JSON object")
@@ -85,7 +96,7 @@ def verify(
         try:
             raw = decrypt(outer["encrypt"], encrypt_key)
             inner = json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise Refused(f"cannot decrypt: {e}") from e
         if not isinstance(inner, dict):
             raise Malformed("decrypted body is not a JSON object")

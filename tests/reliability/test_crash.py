@@ -145,9 +145,6 @@ async def test_kill_9_twenty_rounds_of_200_messages(server, lark, model, rng):
     await _crash_rounds(server, lark, model, rng, rounds=20, per_round=200, kill_window=3.0)
 
 
-@pytest.mark.xfail(strict=True, reason="defect (regression of 1539c19): lark_oapi is imported lazily on the "
-                   "first webhook request, on the event loop — 3-5 s during which nothing is acknowledged, "
-                   "right when Lark redelivers after a restart — see docs/reliability.md")
 async def test_events_right_after_a_restart_are_acknowledged_within_3_seconds(server, lark, model):
     """After a crash Lark redelivers everything at once, the moment the bot is back: the
     first events after a start must be acknowledged within Lark's 3 s like any other (a

@@ -22,6 +22,7 @@ import pytest
 
 from tests.fakes.fake_anthropic import Delay, Text, last_user_text
 from tests.fakes.lark_events import make_text_event
+from tests.harness import Harness
 from tests.reliability.support import bot_mention, deliveries_by_trigger, post_event, wait_until
 
 TOKEN = re.compile(r"conv(\d+)-seq(\d+)")
@@ -86,12 +87,12 @@ async def _drive(post: Post, lark, *, conversations: int, per_conv: int, concurr
 
 
 def _jittered_echo(req: dict):
-    """Echo the question. The first message of each conversation takes 300 ms and the rest
+    """Echo the question. The first message of each conversation takes 1 s and the rest
     0-20 ms, so the next message arrives while the first is being answered: a bot that
     answered one chat's messages in parallel would answer them out of order."""
     text = last_user_text(req)
     found = TOKEN.search(text)
-    delay = 0.3 if found and found[2] == "0" else (zlib.crc32(text.encode()) % 20) / 1000
+    delay = 1.0 if found and found[2] == "0" else (zlib.crc32(text.encode()) % 20) / 1000
     return Delay(delay, Text(f"echo: {text}"))
 
 
@@ -118,3 +119,18 @@ async def test_100_conversations_of_4_messages(server, lark, model):
 @pytest.mark.timeout(600)
 async def test_500_conversations_of_4_messages(server, lark, model):
     await _subprocess_load(server, lark, model, conversations=500, per_conv=4)
+
+
+async def test_a_slow_first_answer_holds_back_the_rest_of_its_chat_only(tmp_path, lark, model):
+    """Per-conversation order, sharply: each chat's first answer takes 1 s and its next three
+    messages arrive meanwhile. They must wait for it (and see it in their context) — while
+    other chats are not held up. (Fewer chats than the dispatcher's concurrency limit, so a
+    bot answering one chat's messages in parallel would always show it.)"""
+    model.responder = _jittered_echo
+    async with Harness(tmp_path, lark=lark, model=model) as h:
+        async def post(ev):
+            return (await h.post(ev))[0]
+
+        stats = await _drive(post, lark, conversations=10, per_conv=4, concurrency=10)
+        # Without waiting for each other: ten 1 s first answers took about 1 s in all, not 10.
+        assert stats["answered_s"] < 6, stats

@@ -86,11 +86,7 @@ def _no_sender() -> dict:
     return ev
 
 
-SURROGATE_DEFECT = pytest.mark.xfail(
-    strict=True, reason="defect: a lone surrogate (\\ud800) survives normalisation; SQLite cannot "
-    "encode it, append_user raises, dispatch.job_failed, no reply, and the inbox row stays pending "
-    "(retried and failing again on every restart) — see docs/reliability.md")
-KNOWN_DEFECTS = {"lone_surrogate": SURROGATE_DEFECT}
+KNOWN_DEFECTS: dict = {}        # name -> pytest.mark.xfail(strict=True, reason=...) while a defect is open
 CASES = [pytest.param(*c, id=c[0], marks=[KNOWN_DEFECTS[c[0]]] if c[0] in KNOWN_DEFECTS else [])
          for c in _cases()]
 

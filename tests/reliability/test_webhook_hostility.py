@@ -165,9 +165,6 @@ async def test_hostile_requests_get_4xx_touch_nothing_and_the_bot_still_answers(
     assert not logs.errors(), logs.errors()[:3]
 
 
-@pytest.mark.xfail(strict=True, reason="defect: json.loads raises RecursionError (not ValueError) on "
-                   "deeply nested input; bot/lark/webhook.verify lets it escape and aiohttp answers 500 "
-                   "to an unauthenticated request — see docs/reliability.md")
 @pytest.mark.parametrize("name", ["deeply_nested_json", "deeply_nested_json_unsigned"])
 async def test_deeply_nested_json_is_refused_not_a_500(tmp_path, name, logs):
     """An unauthenticated body is parsed before its signature is checked: a deeply nested
