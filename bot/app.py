@@ -140,7 +140,8 @@ class EthanApp:
         # Every close (idle sweep, /new, /resume, idle-on-append) writes the episode off the reply path.
         sessions.add_close_listener(self.queue.request_episode)
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
-                           on_failure=lambda kind: self.metrics.model_failures.labels(kind=kind).inc())
+                           on_failure=lambda kind: self.metrics.model_failures.labels(kind=kind).inc(),
+                           on_call=self.metrics.model_calls.inc)
         self.commands = Commands(self)
         self.inbox = Inbox(self.db)
         deps = HandlerDeps(

@@ -96,12 +96,14 @@ def apology(kind: str, user_text: str) -> str:
 class Agent:
     def __init__(self, memory: Memory, model: ChatModel, *, deadline: float = 60.0,
                  max_input_chars: int = 20_000,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None,
+                 on_call: Callable[[], None] | None = None) -> None:
         self.memory = memory
         self.model = model
         self.deadline = deadline
         self.max_input_chars = max_input_chars
         self.on_failure = on_failure     # called with ModelFailure.kind (metrics)
+        self.on_call = on_call           # called once per turn sent to the model (metrics)
         self.calls = 0
         self.failures = 0
 
@@ -156,6 +158,8 @@ class Agent:
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text)
         self.calls += 1
+        if self.on_call is not None:
+            self.on_call()
         try:
             result = await run_loop(self.model, system=system, messages=messages, tools=TOOL_SPECS,
                                     ctx=ctx, on_text=reply.stream, deadline=deadline)

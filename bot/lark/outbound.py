@@ -374,14 +374,10 @@ class LarkSender:
         self, card_id: str, element_id: str, text: str, sequence: int, uuid: str | None = None
     ) -> None:
         """Set the full text of a streaming element (typewriter effect on the new suffix)."""
-        body: dict[str, Any] = {"content": text, "sequence": sequence}
-        if uuid:
-            body["uuid"] = uuid
-        await self._call(
+        await self._card_op(
             "stream_card", "PUT",
             f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}/elements/{_path_id(element_id)}/content",
-            body=body, policy=self.card_policy, limiter=self.card_limiter, key=card_id,
-            ctx={"card_id": card_id, "sequence": sequence},
+            {"content": text}, card_id=card_id, sequence=sequence, uuid=uuid,
         )
 
     async def close_streaming(
@@ -389,25 +385,28 @@ class LarkSender:
     ) -> None:
         """Turn the card's streaming mode off (``settings`` may also set the summary)."""
         settings = settings or {"config": {"streaming_mode": False}}
-        body: dict[str, Any] = {"settings": json.dumps(settings, ensure_ascii=False), "sequence": sequence}
-        if uuid:
-            body["uuid"] = uuid
-        await self._call(
+        await self._card_op(
             "close_streaming", "PATCH", f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}/settings",
-            body=body, policy=self.card_policy, limiter=self.card_limiter, key=card_id,
-            ctx={"card_id": card_id, "sequence": sequence},
+            {"settings": json.dumps(settings, ensure_ascii=False)}, card_id=card_id, sequence=sequence,
+            uuid=uuid,
         )
 
     async def update_card(self, card_id: str, card_json: dict, sequence: int, uuid: str | None = None) -> None:
         """Replace the whole card entity."""
-        body: dict[str, Any] = {"card": card_entity_body(card_json), "sequence": sequence}
+        await self._card_op(
+            "update_card", "PUT", f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}",
+            {"card": card_entity_body(card_json)}, card_id=card_id, sequence=sequence, uuid=uuid,
+        )
+
+    async def _card_op(self, name: str, method: str, path: str, body: dict[str, Any], *,
+                       card_id: str, sequence: int, uuid: str | None) -> None:
+        """One sequenced CardKit operation, under the per-card rate limit."""
+        body = {**body, "sequence": sequence}
         if uuid:
             body["uuid"] = uuid
-        await self._call(
-            "update_card", "PUT", f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}",
-            body=body, policy=self.card_policy, limiter=self.card_limiter, key=card_id,
-            ctx={"card_id": card_id, "sequence": sequence},
-        )
+        await self._call(name, method, path, body=body, policy=self.card_policy,
+                         limiter=self.card_limiter, key=card_id,
+                         ctx={"card_id": card_id, "sequence": sequence})
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,8 +38,6 @@ def setup_health(web_app: web.Application, ethan) -> None:
             ethan.metrics.queue_depth.set(ethan.queue.depth)
         if ethan.dispatcher is not None:
             ethan.metrics.conversations.set(ethan.dispatcher.conversations)
-        if ethan.agent is not None:
-            ethan.metrics.model_calls._value.set(ethan.agent.calls)
         body, ctype = ethan.metrics.render()
         return web.Response(body=body, headers={"Content-Type": ctype})
 
