@@ -346,3 +346,22 @@ async def wait_until(predicate, timeout: float, what: str, *, interval: float = 
         if time.monotonic() >= end:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def wait_for_progress(count, target: int, *, stall: float, what: str, cap: float = 900.0,
+                            diagnose=lambda: "") -> float:
+    """Wait until ``count()`` reaches ``target`` for as long as it keeps rising: fail only
+    when it has not moved for ``stall`` seconds (stuck, not slow) or after ``cap``. The
+    failure message includes ``diagnose()``. Returns the seconds waited."""
+    t0 = last_move = time.monotonic()
+    last = count()
+    while last < target:
+        await asyncio.sleep(0.2)
+        now, current = time.monotonic(), count()
+        if current != last:
+            last, last_move = current, now
+        elif now - last_move > stall or now - t0 > cap:
+            raise AssertionError(f"{what}: {last}/{target} after {now - t0:.0f}s, no progress for "
+                                 f"{now - last_move:.0f}s\n{diagnose()}")
+    return time.monotonic() - t0
+
