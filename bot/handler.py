@@ -8,6 +8,7 @@ next start (with the same uuids, so Lark never shows a reply twice).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
@@ -94,6 +95,22 @@ class MessageHandler:
 
         reply = d.make_reply(inbound)
         started = time.monotonic()
+        try:
+            await self._answer(inbound, reply)
+            await d.inbox.finish(item.id, "done")
+        except asyncio.CancelledError:
+            # Cancelled at the shutdown deadline after the answer was delivered (e.g. while the
+            # "typing" reaction was being removed): record it, or the restart would answer again.
+            if getattr(reply, "delivered_as", None):
+                await d.inbox.finish(item.id, "done", "delivered; cancelled after")
+            raise
+        if d.on_replied is not None:
+            d.on_replied(time.monotonic() - started)
+
+    async def _answer(self, inbound: Inbound, reply: Any) -> None:
+        d = self.d
+        bound = log.bind(event_id=inbound.event_id, message_id=inbound.message_id or "",
+                         chat_id=inbound.chat_id)
         chinese = is_chinese(inbound.text) or not inbound.text
         if inbound.text == "" and inbound.message_type not in ("text", "post"):
             await reply.finish(unreadable_reply(inbound.message_type, chinese=True))
@@ -115,9 +132,6 @@ class MessageHandler:
                             text=inbound.text, sender_name=name,
                             lark_message_id=inbound.message_id, truncated=inbound.truncated)
                 await d.agent.respond(turn, reply)
-        await d.inbox.finish(item.id, "done")
-        if d.on_replied is not None:
-            d.on_replied(time.monotonic() - started)
 
     def skip_reason(self, inbound: Inbound, bot_id: str) -> str:
         """Lark's rules for what the bot answers (DESIGN.md §5); '' means answer."""

@@ -26,6 +26,7 @@ Behaviour knobs:
     ``expire_tokens()``                 every issued token becomes invalid (code 99991663)
     ``fail_next(path_substr, ...)``     scripted failures (rate limits, 5xx, lost responses...)
     ``set_down(seconds)``               every request answers 503 (or resets) for a while
+    ``stall_next(path_substr, seconds)`` hold matching requests, then answer them normally
     ``latency``                         seconds slept before answering each request
     ``enforce_chat_qps``                answer 230020 above N sends per chat per second
     ``register_inbound(event)``         teach the fake about a message the bot will reply to
@@ -543,6 +544,7 @@ class FakeLark(ThreadedAiohttpServer):
         self._lock = threading.RLock()
         self._calls: list[Call] = []
         self._faults: list[_Fault] = []
+        self._stalls: list[list] = []  # [path substring, method or None, times, seconds]
         self._down_until = 0.0
         self._down_mode = "503"
         self._tokens: dict[str, float] = {}  # token -> monotonic issue time
@@ -696,9 +698,17 @@ class FakeLark(ThreadedAiohttpServer):
                        msg or "fake failure", dict(headers or {}), deliver, disconnect)
             )
 
+    def stall_next(self, path_substring: str, seconds: float, *, method: str | None = None,
+                   times: int = 1) -> None:
+        """Hold the next ``times`` matching requests for ``seconds`` before answering them
+        normally (a slow Open API call in flight when the bot is stopped)."""
+        with self._lock:
+            self._stalls.append([path_substring, method.upper() if method else None, times, seconds])
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._stalls.clear()
 
     def set_down(self, seconds: float, *, mode: str = "503") -> None:
         """Answer every request with HTTP 503 (``mode="503"``, a non-JSON gateway page) or by
@@ -751,6 +761,7 @@ class FakeLark(ThreadedAiohttpServer):
         with self._lock:
             self._calls.clear()
             self._faults.clear()
+            self._stalls.clear()
             self._msgs.clear()
             self._order.clear()
             self._uuids.clear()
@@ -808,6 +819,16 @@ class FakeLark(ThreadedAiohttpServer):
         if self.latency > 0:
             if await self._park(self.latency):
                 return web.Response(status=503)
+
+        with self._lock:
+            stall = next((st for st in self._stalls if st[0] in request.path
+                          and st[1] in (None, request.method)), None)
+            if stall is not None:
+                stall[2] -= 1
+                if stall[2] <= 0:
+                    self._stalls.remove(stall)
+        if stall is not None and await self._park(stall[3]):
+            return web.Response(status=503)
 
         with self._lock:
             down = time.monotonic() < self._down_until

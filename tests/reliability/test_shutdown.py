@@ -220,6 +220,20 @@ async def test_refusing_events_while_stopping_is_not_an_error(tmp_path, logs):
     assert not logs.errors(), [(e["event"], e.get("level")) for e in logs.errors()]
 
 
+async def test_reply_delivered_before_the_deadline_is_not_asked_again(tmp_path, lark):
+    """The deadline cancels the conversation after its answer was delivered, while the
+    "typing" reaction is still being removed: the inbox must say done, or the restart would
+    ask the model again (found by the load test above, once in CI)."""
+    async with Harness(tmp_path, lark=lark, ethan_shutdown_deadline=1) as h:
+        lark.stall_next("/reactions/", 10, method="DELETE")
+        ev = make_text_event("hello there", chat_id="oc_p2p_alice", sender="ou_alice")
+        assert (await h.post(ev))[0] == 200
+        await h.replies(1)
+        await wait_until(lambda: lark.calls_to("/reactions/", method="DELETE"), 5, "reaction removal started")
+        await h.stop_app()
+    rows = sqlite_rows(tmp_path / "ethan.db", "SELECT status FROM inbox WHERE message_id = ?", (_mid(ev),))
+    assert [r["status"] for r in rows] == ["done"]
+
 
 async def test_stop_with_nothing_to_do_is_quick(tmp_path):
     """The deadline is an upper bound, not a wait: an idle bot stops at once."""
