@@ -34,6 +34,7 @@ from bot.lark.normalize import Inbound
 from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.metrics import Metrics
+from bot.outbox import Outbox
 from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
@@ -79,6 +80,7 @@ class EthanApp:
         self.agent: Agent | None = None
         self.dispatcher: Dispatcher | None = None
         self.inbox: Inbox | None = None
+        self.outbox: Outbox | None = None
         self.intake: Intake | None = None
         self.queue: ConsolidationQueue | None = None
         self.commands: Commands | None = None
@@ -144,6 +146,7 @@ class EthanApp:
                            on_call=self.metrics.model_calls.inc)
         self.commands = Commands(self)
         self.inbox = Inbox(self.db)
+        self.outbox = Outbox(self.db)
         deps = HandlerDeps(
             inbox=self.inbox, agent=self.agent, commands=self.commands,
             make_reply=self._make_reply, bot_open_id=self.bot_open_id, is_admin=s.is_admin,
@@ -260,6 +263,7 @@ class EthanApp:
                 for info in await self.memory.sessions.close_idle():
                     self.queue.request_episode(info)
                 await self.inbox.prune()
+                await self.outbox.prune()
             except Exception:  # noqa: BLE001
                 log.exception("housekeeping.failed")
 
@@ -273,7 +277,7 @@ class EthanApp:
         self.metrics.replies.inc()
         self.metrics.latency.observe(seconds)
 
-    def _make_reply(self, inbound: Inbound) -> Reply:
+    def _make_reply(self, inbound: Inbound, *, resumed: bool = False) -> Reply:
         routed = self.replies.claim(inbound.message_id)
         if routed is not None:
             return routed
@@ -284,7 +288,8 @@ class EthanApp:
         from bot.lark.outbound import LarkReply
 
         return LarkReply(self.sender, message_id=inbound.message_id, chat_id=inbound.chat_id,
-                         in_thread=inbound.in_thread, uuid_base=f"r-{inbound.message_id}")
+                         in_thread=inbound.in_thread, uuid_base=f"r-{inbound.message_id}",
+                         cards=self.outbox, resumed=resumed)
 
     # -- stop ------------------------------------------------------------------------
     async def stop(self) -> None:

@@ -55,7 +55,7 @@ class HandlerDeps:
     inbox: Inbox
     agent: Agent
     commands: CommandRunner
-    make_reply: Callable[[Inbound], Reply]
+    make_reply: Callable[..., Reply]   # (inbound, *, resumed: an earlier run started it)
     bot_open_id: Callable[[], Awaitable[str]]   # waits until the bot's identity is known
     is_admin: Callable[[str], bool]
     respond_to_all: bool = False
@@ -93,7 +93,7 @@ class MessageHandler:
             await self._ignore(item, reason, bound)
             return
 
-        reply = d.make_reply(inbound)
+        reply = d.make_reply(inbound, resumed=item.attempts > 0)
         started = time.monotonic()
         try:
             await self._answer(inbound, reply)

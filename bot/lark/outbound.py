@@ -30,7 +30,7 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from urllib.parse import quote
 
 import structlog
@@ -46,6 +46,9 @@ from bot.lark.cards import (
 )
 from bot.lark.openapi import Category, LarkApiError, OpenApi
 from bot.lark.ratelimit import KeyedRateLimiter
+
+if TYPE_CHECKING:
+    from bot.outbox import CardLedger
 
 # ---------------------------------------------------------------------------------------
 # uuids, text splitting, rendering
@@ -63,6 +66,7 @@ def derive_uuid(base: str, *parts: object) -> str:
 
 
 TEXT_CHUNK_CHARS = 4000
+SEQUENCE_EPOCH = 1767225600.0   # 2026-01-01T00:00:00Z: CardKit sequences count deciseconds from here
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _SENTENCE_END = re.compile(r"[。！？!?.;；](?=\s|$)|[。！？；]")
@@ -391,6 +395,14 @@ class LarkSender:
             uuid=uuid,
         )
 
+    async def open_streaming(self, card_id: str, sequence: int, *, uuid: str | None = None) -> None:
+        """Turn the card's streaming mode (back) on, e.g. for a card adopted after a crash."""
+        await self._card_op(
+            "open_streaming", "PATCH", f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}/settings",
+            {"settings": json.dumps({"config": {"streaming_mode": True}})}, card_id=card_id,
+            sequence=sequence, uuid=uuid,
+        )
+
     async def update_card(self, card_id: str, card_json: dict, sequence: int, uuid: str | None = None) -> None:
         """Replace the whole card entity."""
         await self._card_op(
@@ -420,9 +432,12 @@ class LarkReply:
     ``uuid_base`` comes from the inbound message id (deterministic), so a message
     processed again after a crash resends with the same uuids and Lark drops the
     duplicates: text chunks use ``<base>-<i>``, card overflow ``<base>-card-<i>``, the
-    card message ``<base>-card-<card_id>`` (the entity is new on every run, see
-    ``_run_card``). The text fallback's uuids are independent of the card's, so a card
-    that failed never blocks the text answer. Uuids over Lark's 50 characters are hashed.
+    card message ``<base>-card`` (``<base>-card-<card_id>`` without a ledger). The card entity behind it is recorded in ``cards`` (the
+    outbox) before the message is sent, so a run after a crash finishes the card already
+    on screen rather than sending a second one; CardKit sequences are derived from the wall
+    clock so they keep increasing across processes. The text fallback's uuids are
+    independent of the card's, so a card that failed never blocks the text answer. Uuids
+    over Lark's 50 characters are hashed.
     """
 
     def __init__(
@@ -442,9 +457,17 @@ class LarkReply:
         element_id: str = ELEMENT_ID,
         idle_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        cards: "CardLedger | None" = None,
+        resumed: bool = False,
         log=None,
     ) -> None:
         self._sender = sender
+        self._wall_clock = wall_clock
+        self._cards = cards
+        # An earlier run of this message started answering it (the inbox says so): it may
+        # have left a card on screen, even if this run's answer is short.
+        self._resumed = resumed
         self.message_id = message_id
         self.chat_id = chat_id
         self.uuid_base = uuid_base
@@ -513,6 +536,8 @@ class LarkReply:
         try:
             if self._worker is not None:
                 await self._worker
+            elif self._resumed and self._cards is not None and text:
+                await self._adopt_for_finish(text)
             if self.card_message_id and not self.card_failed:
                 if await self._finish_card(text):
                     self.delivered_as = "card"
@@ -549,28 +574,67 @@ class LarkReply:
     def _card_view(self, text: str) -> str:
         return fit_card_text(text, self._card_max_bytes)
 
+    def _next_sequence(self) -> int:
+        """CardKit refuses a sequence that does not increase, also across processes: a card
+        adopted after a restart must continue above what the crashed run used. Deciseconds
+        since 2026-01-01 (pushes are at most 10/s) fit int32 until 2032."""
+        now = int((self._wall_clock() - SEQUENCE_EPOCH) * 10)
+        self._sequence = max(self._sequence + 1, now)
+        return self._sequence
+
+    async def _open_card(self, first: str) -> None:
+        """Create the card entity (or adopt the one an earlier run left) and reply with it."""
+        uuid = derive_uuid(self.uuid_base, "card")
+        card_id = await self._cards.card_for(uuid) if self._cards is not None else None
+        if card_id:
+            self.card_id = card_id
+            self._log.info("lark.card.adopted", card_id=card_id)
+            # The earlier run may have closed it (complete answer) or left it streaming.
+            seq = self._next_sequence()
+            await self._sender.open_streaming(card_id, seq, uuid=derive_uuid(self.uuid_base, "open", seq))
+            await self._push(first)
+        else:
+            card_id = await self._sender.create_card(streaming_card(first, element_id=self._element_id))
+            self.card_id = card_id
+            if self._cards is not None:
+                await self._cards.card_created(uuid, chat_id=self.chat_id, reply_to=self.message_id,
+                                               card_id=card_id)
+            else:
+                # Nowhere to record the entity: name the message after it, or a run after a
+                # crash would stream into a new entity while Lark shows the old message.
+                uuid = derive_uuid(self.uuid_base, "card", card_id)
+            self._pushed = first
+        # With the ledger, the same uuid on every run: after a crash Lark answers with the
+        # message already sent, which shows the entity recorded above.
+        mid = await self._sender.reply(
+            self.message_id, "interactive", card_reference(card_id), uuid=uuid,
+            chat_id=self.chat_id, in_thread=self.in_thread,
+        )
+        self.card_message_id = mid
+        self.message_ids.append(mid)
+        self._last_push = self._clock()
+        if self._cards is not None:
+            await self._cards.sent(uuid, mid)
+
+    async def _adopt_for_finish(self, text: str) -> None:
+        """A short (or replayed) answer to a message an earlier run was streaming into a
+        card: finish in that card instead of adding a text message under it."""
+        try:
+            if await self._cards.card_for(derive_uuid(self.uuid_base, "card")):
+                await self._open_card(self._card_view(text))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.card_failed = True
+            fields = e.log_fields() if isinstance(e, LarkApiError) else {"error": repr(e)}
+            self._log.warning("lark.card.failed", stage="adopt", card_id=self.card_id, **fields)
+
     async def _run_card(self) -> None:
         """Create the card, reply with it, then push the latest text, coalesced and
         spaced ``card_update_interval`` apart, until ``finish`` takes over."""
-        stage = "create"
+        stage = "open"
         try:
-            first = self._card_view(self._latest)
-            card_id = await self._sender.create_card(streaming_card(first, element_id=self._element_id))
-            self.card_id = card_id
-            stage = "send"
-            # The uuid names the card entity: if this message is processed again after a
-            # crash, a new entity is created, and a uuid without its id would make Lark
-            # return the old message (showing the old entity) while we stream into the new
-            # one, which nobody sees.
-            mid = await self._sender.reply(
-                self.message_id, "interactive", card_reference(card_id),
-                uuid=derive_uuid(self.uuid_base, "card", card_id), chat_id=self.chat_id,
-                in_thread=self.in_thread,
-            )
-            self.card_message_id = mid
-            self.message_ids.append(mid)
-            self._pushed = first
-            self._last_push = self._clock()
+            await self._open_card(self._card_view(self._latest))
             stage = "stream"
             while not self._closing.is_set():
                 try:
@@ -602,8 +666,7 @@ class LarkReply:
     async def _push(self, text: str) -> None:
         assert self.card_id
         text = text or "…"  # CardKit refuses empty content
-        self._sequence += 1
-        seq = self._sequence
+        seq = self._next_sequence()
         await self._sender.stream_card_text(
             self.card_id, self._element_id, text, seq, uuid=derive_uuid(self.uuid_base, "s", seq)
         )
@@ -624,11 +687,11 @@ class LarkReply:
             fields = e.log_fields() if isinstance(e, LarkApiError) else {"error": repr(e)}
             self._log.warning("lark.card.failed", stage="final", card_id=self.card_id, **fields)
             return False
-        self._sequence += 1
+        seq = self._next_sequence()
         try:
             await self._sender.close_streaming(
-                self.card_id, self._sequence, settings=close_streaming_settings(text),
-                uuid=derive_uuid(self.uuid_base, "close"),
+                self.card_id, seq, settings=close_streaming_settings(text),
+                uuid=derive_uuid(self.uuid_base, "close", seq),
             )
         except Exception as e:
             # The full answer is already on screen; the card closes itself after ~10 min.

@@ -12,4 +12,5 @@ V1 = "\n".join(m.V1 for m in (core, sessions, working, facts, procedures, profil
 MIGRATIONS: list[str] = [
     V1,
     sessions.V2,   # index for resolving short session ids by their tail
+    core.V3,       # outbox.card_id: the card a crashed reply was streaming into
 ]

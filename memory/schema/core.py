@@ -52,3 +52,10 @@ CREATE TABLE audit (
     allowed       INTEGER NOT NULL DEFAULT 1
 );
 """
+
+# The CardKit card entity behind a card reply, so a reply processed again after a crash
+# finishes the card the user already sees instead of sending a second one.
+V3 = """
+ALTER TABLE outbox ADD COLUMN card_id TEXT;
+CREATE INDEX outbox_created ON outbox(created_at);
+"""

@@ -25,11 +25,20 @@ from bot.lark.outbound import (
     render,
     split_text,
 )
+from bot.outbox import Outbox
+from memory.db import Database
 from tests.fakes.fake_lark import FakeLark, chat_rate_limited, rate_limited, server_error
 
 CHAT = "oc_chat1"
 FAST_CARD = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, budget_s=1.0,
                         max_retry_after=0.5, jitter=0)
+
+
+async def wait_for(cond, timeout: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 def inbound_event(message_id: str, chat_id: str = CHAT, text: str = "hi") -> dict:
@@ -318,7 +327,7 @@ async def test_long_answer_streams_into_a_card(fake, make_sender):
     [msg] = fake.messages()
     assert msg.msg_type == "interactive" and msg.kind == "reply" and msg.reply_to == mid
     [card] = fake.cards()
-    assert msg.uuid == derive_uuid(mid, "card", card.card_id)
+    assert msg.uuid == derive_uuid(mid, "card", card.card_id)   # no ledger: named after the entity
     assert msg.card_id == card.card_id and card.sent_as == msg.message_id
     assert card.text == answer                      # the final card text is the full answer
     assert card.streaming_mode is False             # streaming closed
@@ -363,6 +372,41 @@ async def test_streamed_answer_processed_again_after_a_crash_is_visible(fake, ma
         shown = fake.message(reply.card_message_id)
         assert shown.card_id == reply.card_id  # the message shows the entity we streamed into
         assert fake.card_text(shown.card_id) == answer.strip()
+
+
+async def test_card_ledger_finishes_the_card_left_by_a_crashed_run(fake, make_sender, tmp_path):
+    """With the outbox as ledger, the second run (the inbox replays the message after a crash
+    in the middle of streaming) adopts the card on screen: one message, one card, the full
+    answer, streaming closed; sequences keep increasing across the two runs."""
+    db = await Database(tmp_path / "e.db").open()
+    try:
+        ledger = Outbox(db)
+        sender = make_sender()
+        mid = message_at(fake)
+        answer = "Streamed answer. " * 40
+        first = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, cards=ledger,
+                          stream_min_chars=50, card_update_interval=0.05)
+        await _stream(first, answer[:300], step=100)
+        await wait_for(lambda: first.card_message_id, 5)
+        first._worker.cancel()                     # the crash: the card stays half written
+        second = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, cards=ledger,
+                           resumed=True, stream_min_chars=50, card_update_interval=0.05)
+        await _stream(second, answer, step=100)
+        await second.finish(answer)
+        [msg] = fake.messages()
+        assert msg.uuid == derive_uuid(mid, "card") and second.card_id == first.card_id == msg.card_id
+        [card] = fake.cards()
+        assert card.text == answer.strip() and card.streaming_mode is False
+        row = await db.fetchone("SELECT status, card_id, lark_message_id FROM outbox")
+        assert tuple(row) == ("sent", card.card_id, msg.message_id)
+
+        # A replayed answer (no streaming this time) to the same message lands in the card too.
+        third = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, cards=ledger, resumed=True)
+        await third.finish("Short replay.")
+        assert len(fake.messages()) == 1 and fake.card_text(card.card_id) == "Short replay."
+        assert third.delivered_as == "card"
+    finally:
+        await db.close()
 
 
 async def test_slow_answer_switches_to_a_card_after_stream_after_s(fake, make_sender):

@@ -208,9 +208,6 @@ async def test_acknowledged_message_older_than_30_minutes_at_restart_is_dropped(
         assert row["status"] == "ignored"
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a crash while an answer streams into a CardKit card "
-                   "leaves the half-written card on screen and the restart sends a second card "
-                   "(the card message uuid includes the new card entity id) — see docs/reliability.md")
 async def test_kill_during_a_streaming_card_shows_one_reply(server, lark, model):
     """A long answer streams into a CardKit card; SIGKILL while the card is on screen; after
     the restart the user must still see one reply to their message, not a stale
