@@ -189,3 +189,51 @@ async def test_backup_is_a_consistent_copy(db, tmp_path):
         assert copy.execute("SELECT content FROM messages").fetchall() == [("backed up",)]
     finally:
         copy.close()
+
+
+def _two_rows(conn, tag: str) -> int:
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, ?, 'first')", (tag,))
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, ?, 'second')", (tag,))
+    return conn.execute("SELECT COUNT(*) FROM audit WHERE actor = ?", (tag,)).fetchone()[0]
+
+
+def _fail_after_one(conn) -> None:
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'half', 'first')")
+    raise RuntimeError("boom")
+
+
+async def test_write_runs_a_whole_transaction_in_one_round_trip(db):
+    trips = 0
+    real = db.conn._execute
+
+    async def counting(fn, *args, **kwargs):
+        nonlocal trips
+        trips += 1
+        return await real(fn, *args, **kwargs)
+
+    db.conn._execute = counting
+    try:
+        assert await db.write(_two_rows, "w") == 2
+    finally:
+        db.conn._execute = real
+    assert trips == 1
+    assert await db.read(lambda conn: conn.execute("SELECT COUNT(*) FROM audit").fetchone()[0]) == 2
+    with pytest.raises(RuntimeError):
+        await db.write(_fail_after_one)
+    assert (await db.fetchone("SELECT COUNT(*) FROM audit WHERE actor = 'half'"))[0] == 0   # rolled back
+
+
+async def test_write_inside_a_transaction_joins_it_and_reads_wait_for_it(db):
+    seen: list[int] = []
+
+    async def reader() -> None:
+        seen.append(await db.read(lambda conn: conn.execute("SELECT COUNT(*) FROM audit").fetchone()[0]))
+
+    async with db.transaction() as tx:
+        await tx.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'outer', 'x')")
+        assert await db.write(_two_rows, "inner") == 2        # joined: no nested BEGIN
+        task = asyncio.create_task(reader())
+        await asyncio.sleep(0.05)
+        assert not seen                                     # another task waits for the commit
+    await task
+    assert seen == [3]
