@@ -38,6 +38,7 @@ import json
 import logging
 import random
 import re
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
@@ -227,6 +228,64 @@ async def _all(tx: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -
         await cur.close()
 
 
+# Plain functions run in the SQLite thread by Database.read/write (one round trip each).
+def _session_row(conn: sqlite3.Connection, session_id: str) -> Any:
+    return conn.execute(f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session_id,)).fetchone()
+
+
+def _active_sync(conn: sqlite3.Connection, conv_key: str) -> SessionInfo | None:
+    row = conn.execute(
+        f"SELECT {_SESSION_COLS} FROM conversations c JOIN sessions s ON s.id = c.active_session_id "
+        "WHERE c.conv_key = ? AND s.closed_at IS NULL",
+        (conv_key,),
+    ).fetchone()
+    return _session(row) if row else None
+
+
+def _close_sync(conn: sqlite3.Connection, session: SessionInfo, now: float) -> SessionInfo:
+    conn.execute("UPDATE sessions SET closed_at = ? WHERE id = ?", (now, session.id))
+    conn.execute(
+        "UPDATE conversations SET active_session_id = NULL, updated_at = ? WHERE active_session_id = ?",
+        (now, session.id),
+    )
+    return _session(_session_row(conn, session.id))
+
+
+def _append_assistant_sync(
+    conn: sqlite3.Connection, session_id: str, content: str, calls: str | None, now: float
+) -> StoredMessage:
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        raise SessionNotFound(session_id)
+    message_id = conn.execute(
+        "INSERT INTO messages(session_id, role, content, tool_calls, created_at) VALUES (?, 'assistant', ?, ?, ?)",
+        (session_id, content, calls, now),
+    ).lastrowid
+    return _message(conn.execute(f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,)).fetchone())
+
+
+def _close_one_sync(conn: sqlite3.Connection, session_id: str, now: float) -> SessionInfo | None:
+    row = _session_row(conn, session_id)
+    if row is None:
+        raise SessionNotFound(session_id)
+    session = _session(row)
+    return _close_sync(conn, session, now) if session.is_open else None
+
+
+def _close_active_sync(conn: sqlite3.Connection, conv_key: str, now: float) -> SessionInfo | None:
+    current = _active_sync(conn, conv_key)
+    return _close_sync(conn, current, now) if current is not None else None
+
+
+def _close_where_sync(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any], now: float
+) -> builtins.list[SessionInfo]:
+    rows = conn.execute(
+        f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.closed_at IS NULL AND {where} ORDER BY s.updated_at",
+        params,
+    ).fetchall()
+    return [_close_sync(conn, _session(r), now) for r in rows]
+
+
 class SessionStore:
     def __init__(
         self,
@@ -330,57 +389,65 @@ class SessionStore:
         returns the stored message with ``duplicate=True`` and writes nothing."""
         if not isinstance(content, str) or not content.strip():
             raise ValueError("empty message: nothing to store")
-        conv_key = scope.conv_key
         now = self.clock()
+        # One write transaction in the SQLite thread, one round trip: duplicate check, idle
+        # close, session creation and the message itself (this runs for every message).
+        result = await self.db.write(
+            self._append_user_sync, scope, content, sender_name, model, lark_message_id, now
+        )
+        if result.closed is not None:
+            await self._notify([result.closed])
+        return result
+
+    def _append_user_sync(
+        self, conn: sqlite3.Connection, scope: Scope, content: str, sender_name: str, model: str,
+        lark_message_id: str | None, now: float,
+    ) -> AppendResult:
+        conv_key = scope.conv_key
         closed: SessionInfo | None = None
         created = False
-        async with self.db.transaction() as tx:
-            if lark_message_id:
-                row = await _one(
-                    tx,
-                    f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.lark_message_id = ? AND m.role = 'user'",
-                    (lark_message_id,),
-                )
-                if row is not None:
-                    message = _message(row)
-                    srow = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (message.session_id,))
-                    return AppendResult(_session(srow), message, created=False, duplicate=True, closed=None)
+        if lark_message_id:
+            row = conn.execute(
+                f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.lark_message_id = ? AND m.role = 'user'",
+                (lark_message_id,),
+            ).fetchone()
+            if row is not None:
+                message = _message(row)
+                return AppendResult(_session(_session_row(conn, message.session_id)), message,
+                                    created=False, duplicate=True, closed=None)
 
-            current = await self._active_tx(tx, conv_key)
-            if current is not None and now - current.updated_at > self.idle_timeout:
-                closed = await self._close_tx(tx, current, now)
-                current = None
-            if current is None:
-                session_id = await self._new_id(tx, now)
-                await tx.execute(
-                    "INSERT INTO sessions(id, title, model, conv_key, chat_id, thread_id, chat_type, owner_id, "
-                    "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (session_id, make_title(content), model, conv_key, scope.chat_id, scope.thread_id,
-                     scope.chat_type, scope.user_id, now, now),
-                )
-                created = True
-            else:
-                session_id = current.id
-                if model and not current.model:
-                    await tx.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
-            cur = await tx.execute(
-                "INSERT INTO messages(session_id, role, content, sender_id, sender_name, lark_message_id, created_at) "
-                "VALUES (?, 'user', ?, ?, ?, ?, ?)",
-                (session_id, content, scope.user_id, sender_name, lark_message_id, now),
+        current = _active_sync(conn, conv_key)
+        if current is not None and now - current.updated_at > self.idle_timeout:
+            closed = _close_sync(conn, current, now)
+            current = None
+        if current is None:
+            session_id = self._new_id_sync(conn, now)
+            conn.execute(
+                "INSERT INTO sessions(id, title, model, conv_key, chat_id, thread_id, chat_type, owner_id, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (session_id, make_title(content), model, conv_key, scope.chat_id, scope.thread_id,
+                 scope.chat_type, scope.user_id, now, now),
             )
-            message_id = cur.lastrowid
-            await cur.close()
-            await tx.execute(
-                "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
-                "active_session_id = excluded.active_session_id, chat_type = excluded.chat_type, "
-                "updated_at = excluded.updated_at",
-                (conv_key, scope.chat_id, scope.thread_id, scope.chat_type, session_id, now),
-            )
-            message = _message(await _one(tx, f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,)))
-            session = _session(await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session_id,)))
-        if closed is not None:
-            await self._notify([closed])
+            created = True
+        else:
+            session_id = current.id
+            if model and not current.model:
+                conn.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
+        message_id = conn.execute(
+            "INSERT INTO messages(session_id, role, content, sender_id, sender_name, lark_message_id, created_at) "
+            "VALUES (?, 'user', ?, ?, ?, ?, ?)",
+            (session_id, content, scope.user_id, sender_name, lark_message_id, now),
+        ).lastrowid
+        conn.execute(
+            "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
+            "active_session_id = excluded.active_session_id, chat_type = excluded.chat_type, "
+            "updated_at = excluded.updated_at",
+            (conv_key, scope.chat_id, scope.thread_id, scope.chat_type, session_id, now),
+        )
+        message = _message(conn.execute(
+            f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,)).fetchone())
+        session = _session(_session_row(conn, session_id))
         return AppendResult(session, message, created=created, duplicate=False, closed=closed)
 
     async def append_assistant(
@@ -390,19 +457,7 @@ class SessionStore:
         if not isinstance(content, str):
             raise TypeError("content must be a string")
         calls = None if tool_calls is None else json.dumps(tool_calls, ensure_ascii=False)
-        now = self.clock()
-        async with self.db.transaction() as tx:
-            if await _one(tx, "SELECT 1 FROM sessions WHERE id = ?", (session_id,)) is None:
-                raise SessionNotFound(session_id)
-            cur = await tx.execute(
-                "INSERT INTO messages(session_id, role, content, tool_calls, created_at) "
-                "VALUES (?, 'assistant', ?, ?, ?)",
-                (session_id, content, calls, now),
-            )
-            message_id = cur.lastrowid
-            await cur.close()
-            row = await _one(tx, f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,))
-        return _message(row)
+        return await self.db.write(_append_assistant_sync, session_id, content, calls, self.clock())
 
     async def _active_tx(self, tx: aiosqlite.Connection, conv_key: str) -> SessionInfo | None:
         row = await _one(
@@ -413,7 +468,7 @@ class SessionStore:
         )
         return _session(row) if row else None
 
-    async def _new_id(self, tx: aiosqlite.Connection, now: float) -> str:
+    def _new_id_sync(self, conn: sqlite3.Connection, now: float) -> str:
         """``s_YYYYMMDD_HHMM_xxxx`` (local time, random hex). Unique; the tail is kept unique
         too while that is easy, so that short ids stay unambiguous."""
         stamp = time.strftime("%Y%m%d_%H%M", time.localtime(now))
@@ -421,9 +476,9 @@ class SessionStore:
             tail = f"{self._rng.getrandbits(16):04x}"
             session_id = f"s_{stamp}_{tail}"
             if attempt < _TAIL_ATTEMPTS:
-                taken = await _one(tx, "SELECT 1 FROM sessions WHERE substr(id, -4) = ? LIMIT 1", (tail,))
+                taken = conn.execute("SELECT 1 FROM sessions WHERE substr(id, -4) = ? LIMIT 1", (tail,)).fetchone()
             else:
-                taken = await _one(tx, "SELECT 1 FROM sessions WHERE id = ?", (session_id,))
+                taken = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if taken is None:
                 return session_id
         raise DatabaseError("could not allocate a new session id (too many sessions this minute)")
@@ -440,27 +495,16 @@ class SessionStore:
 
     async def close(self, session_id: str) -> SessionInfo | None:
         """Close a session; returns it, or None if it was already closed."""
-        now = self.clock()
-        async with self.db.transaction() as tx:
-            row = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session_id,))
-            if row is None:
-                raise SessionNotFound(session_id)
-            session = _session(row)
-            if not session.is_open:
-                return None
-            closed = await self._close_tx(tx, session, now)
-        await self._notify([closed])
+        closed = await self.db.write(_close_one_sync, session_id, self.clock())
+        if closed is not None:
+            await self._notify([closed])
         return closed
 
     async def close_active(self, conv_key: str) -> SessionInfo | None:
         """``/new``: close the conversation's active session (the next message starts one)."""
-        now = self.clock()
-        async with self.db.transaction() as tx:
-            current = await self._active_tx(tx, conv_key)
-            if current is None:
-                return None
-            closed = await self._close_tx(tx, current, now)
-        await self._notify([closed])
+        closed = await self.db.write(_close_active_sync, conv_key, self.clock())
+        if closed is not None:
+            await self._notify([closed])
         return closed
 
     async def close_idle(self) -> builtins.list[SessionInfo]:
@@ -473,12 +517,7 @@ class SessionStore:
         return await self._close_where("1=1", (), self.clock())
 
     async def _close_where(self, where: str, params: Sequence[Any], now: float) -> builtins.list[SessionInfo]:
-        async with self.db.transaction() as tx:
-            rows = await _all(
-                tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.closed_at IS NULL AND {where} "
-                "ORDER BY s.updated_at", params,
-            )
-            closed = [await self._close_tx(tx, _session(r), now) for r in rows]
+        closed = await self.db.write(_close_where_sync, where, params, now)
         await self._notify(closed)
         return closed
 
