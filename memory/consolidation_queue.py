@@ -212,7 +212,10 @@ class ConsolidationQueue:
         self._timers[sid] = asyncio.get_running_loop().call_later(max(0.0, delay), fire)
 
     async def _job(self, sid: str) -> None:
-        state = await self.working.state(sid)
+        # One read for what the job looks at first (this runs after every reply, and usually
+        # finds nothing due): backoff state, session, pending writes and the due work.
+        plan = await self.working.plan(sid)
+        state = plan.state
         now = self.clock()
         if state.next_attempt_at > now:
             if sid not in self._timers:
@@ -220,19 +223,26 @@ class ConsolidationQueue:
             self._counts["deferred"] += 1
             return
         try:
-            await self._apply_writes(sid)
-            meta = await self.working.session(sid)
+            if plan.writes:
+                await self._apply_writes(sid, plan.writes)
+                plan = await self.working.plan(sid)   # applying took a while: derive again
+            meta = plan.meta
             if meta is None:
                 return                      # deleted meanwhile
             if meta.closed_at is not None:
                 await self._episode(sid, meta)
             else:
+                work = plan.work
                 for _ in range(self.max_steps):
-                    work = await self.working.due(sid)
                     if work is None:
                         break
                     await self._step(work, meta)
-                    await self._apply_writes(sid)
+                    plan = await self.working.plan(sid)     # pending writes and the next work
+                    if plan.writes:
+                        await self._apply_writes(sid, plan.writes)
+                        work = await self.working.due(sid)
+                    else:
+                        work = plan.work
             self._counts["jobs_done"] += 1
         except asyncio.CancelledError:
             raise
@@ -253,10 +263,9 @@ class ConsolidationQueue:
 
     # -- steps ---------------------------------------------------------------------------
     async def _step(self, work: Work, meta: Any) -> None:
+        inputs = await self.working.step_inputs(work)      # one read for the step's inputs
+        state, turns, warm = inputs.state, inputs.turns, inputs.warm
         if work.kind == "compress":
-            turns = await self.working.turns(work.session_id, work.after_id, work.upto_id)
-            warm = await self.working.warm(work.session_id)
-            state = await self.working.state(work.session_id)
             previous = warm[-1].summary if warm else state.rolling_summary
             summary = await self.consolidator.compress(turns, previous_summary=previous)
             first = turns[0].first_id if turns else work.after_id + 1
@@ -266,12 +275,8 @@ class ConsolidationQueue:
                        upto=work.upto_id)
             return
         # extract + fold
-        state = await self.working.state(work.session_id)
-        after = state.extracted_upto
-        upto = max(work.upto_id, after)
-        turns = await self.working.turns(work.session_id, after, upto) if upto > after else []
+        after, upto = inputs.after_id, inputs.upto_id
         writes = await self._extraction_writes(meta, turns)
-        warm = await self.working.warm(work.session_id, upto_id=work.upto_id)
         rolling = state.rolling_summary
         if warm:
             rolling = await self.consolidator.fold(state.rolling_summary, [w.summary for w in warm])
@@ -357,8 +362,11 @@ class ConsolidationQueue:
                 writes.append(("psych", uid, {**where, "entries": extraction.profile_psych}))
         return writes
 
-    async def _apply_writes(self, sid: str) -> None:
-        for wid, kind, uid, payload in await self.working.pending_writes(sid):
+    async def _apply_writes(self, sid: str, pending: list[tuple[int, str, str, dict[str, Any]]] | None = None) -> None:
+        """Apply the pending writes (``pending``: already read by the caller)."""
+        if pending is None:
+            pending = await self.working.pending_writes(sid)
+        for wid, kind, uid, payload in pending:
             scope = Scope(
                 user_id=uid, chat_id=payload.get("chat_id", ""), chat_type=payload.get("chat_type", ""),
                 thread_id=payload.get("thread_id", ""), message_id=payload.get("message_id", ""),

@@ -25,6 +25,7 @@ twice. The consolidation queue drives them; nothing here calls a model.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -182,112 +183,33 @@ class WorkingMemory:
         self.sessions = sessions
         self.config = config or MemoryConfig()
 
+    # Every read below is one Database.read: its SELECTs run together in the SQLite thread
+    # (one round trip), using the plain functions at the end of this module.
+
     # -- state -------------------------------------------------------------------
     async def state(self, session_id: str) -> State:
-        row = await self.db.fetchone(
-            "SELECT compressed_upto, extracted_upto, rolling_summary, warm_turns, episode_upto,"
-            " failures, next_attempt_at, last_error FROM consolidation_state WHERE session_id = ?",
-            (session_id,),
-        )
-        if row is None:
-            return State()
-        return State(
-            compressed_upto=row["compressed_upto"],
-            extracted_upto=row["extracted_upto"],
-            rolling_summary=row["rolling_summary"],
-            warm_turns=row["warm_turns"],
-            episode_upto=row["episode_upto"],
-            failures=row["failures"],
-            next_attempt_at=row["next_attempt_at"],
-            last_error=row["last_error"],
-        )
+        return await self.db.read(_state, session_id)
 
     async def session(self, session_id: str) -> SessionMeta | None:
-        row = await self.db.fetchone(
-            "SELECT id, conv_key, chat_id, thread_id, chat_type, closed_at FROM sessions WHERE id = ?",
-            (session_id,),
-        )
-        if row is None:
-            return None
-        return SessionMeta(row["id"], row["conv_key"], row["chat_id"], row["thread_id"],
-                           row["chat_type"], row["closed_at"])
+        return await self.db.read(_meta, session_id)
 
     async def warm(self, session_id: str, *, upto_id: int | None = None) -> list[WarmSummary]:
         """Unfolded warm rows in order (optionally only those ending at or before upto_id)."""
-        rows = await self.db.fetchall(
-            "SELECT id, first_msg_id, last_msg_id, turns, summary, model FROM warm_summaries"
-            " WHERE session_id = ? AND folded = 0 AND last_msg_id <= ? ORDER BY id",
-            (session_id, _MAX_ID if upto_id is None else upto_id),
-        )
-        return [WarmSummary(r["id"], r["first_msg_id"], r["last_msg_id"], r["turns"], r["summary"], r["model"])
-                for r in rows]
+        return await self.db.read(_warm, session_id, upto_id)
 
     async def last_message(self, session_id: str) -> Message | None:
-        row = await self.db.fetchone(
-            "SELECT id, role, content, sender_id, sender_name, lark_message_id FROM messages"
-            " WHERE session_id = ? ORDER BY id DESC LIMIT 1",
-            (session_id,),
-        )
-        return _message(row) if row else None
+        return await self.db.read(_last_message, session_id)
 
     # -- reading turns (bounded) ---------------------------------------------------
-    async def _user_ids_desc(self, session_id: str, after_id: int, before_id: int, limit: int) -> list[int]:
-        rows = await self.db.fetchall(HOT_IDS_SQL, (session_id, after_id, before_id, limit))
-        return [r["id"] for r in rows]
-
-    async def _user_ids_asc(self, session_id: str, after_id: int, limit: int) -> list[int]:
-        rows = await self.db.fetchall(
-            "SELECT id FROM messages WHERE session_id = ? AND id > ? AND role = 'user'"
-            " AND tool_call_id IS NULL ORDER BY id LIMIT ?",
-            (session_id, after_id, limit),
-        )
-        return [r["id"] for r in rows]
-
     async def turns(self, session_id: str, after_id: int, upto_id: int) -> list[Turn]:
         """Turns made of the messages in (after_id, upto_id]."""
-        return await self._turns_in(session_id, after_id, upto_id + 1)
-
-    async def _turns_in(self, session_id: str, after_id: int, before_id: int) -> list[Turn]:
-        rows = await self.db.fetchall(
-            "SELECT id, role, content, sender_id, sender_name, lark_message_id, tool_call_id FROM messages"
-            " WHERE session_id = ? AND id > ? AND id < ? ORDER BY id",
-            (session_id, after_id, before_id),
-        )
-        turns: list[Turn] = []
-        for row in rows:
-            msg = _message(row)
-            if msg.role == "user" and row["tool_call_id"] is None:
-                turns.append(Turn(user=msg))
-            elif msg.role == "assistant":
-                if not turns:
-                    turns.append(Turn(user=None))
-                turns[-1].assistant.append(msg)
-        return turns
-
-    async def _current_boundary(self, session_id: str, before_message_id: int | None) -> int:
-        """Exclusive upper bound of replayable history.
-
-        With ``before_message_id`` (the stored current message) everything before it;
-        without, a trailing unanswered user message is taken to be the current input
-        (the caller stores it first) and left out, so it never appears twice.
-        """
-        if before_message_id is not None:
-            return before_message_id
-        last = await self.last_message(session_id)
-        if last is not None and last.role == "user":
-            return last.id
-        return _MAX_ID
+        return await self.db.read(_turns_in, session_id, after_id, upto_id + 1)
 
     async def hot_turns(self, session_id: str, *, before_message_id: int | None = None,
                         state: State | None = None, limit: int | None = None) -> list[Turn]:
-        """The last ``limit`` (default ``hot_size``) uncompressed turns before the boundary."""
-        state = state or await self.state(session_id)
-        boundary = await self._current_boundary(session_id, before_message_id)
-        ids = await self._user_ids_desc(session_id, state.compressed_upto, boundary,
-                                        limit or self.config.hot_size)
-        if not ids:
-            return []
-        return await self._turns_in(session_id, min(ids) - 1, boundary)
+        """The last ``limit`` (default ``hot_size``) uncompressed turns before the boundary
+        (see ``_hot_turns`` for the boundary)."""
+        return await self.db.read(_hot_turns, session_id, before_message_id, state, limit or self.config.hot_size)
 
     # -- the request context ---------------------------------------------------------
     async def build_context(
@@ -307,108 +229,47 @@ class WorkingMemory:
         message); in group sessions, ``speaker_name`` labels the current input the
         way replayed user messages are labelled (``[Alice] text``).
         """
-        state = await self.state(session_id)
-        meta = await self.session(session_id)
-        group = bool(meta and meta.is_group)
-        messages: list[dict[str, Any]] = []
-        if state.rolling_summary.strip():
-            messages += [
-                {"role": "user", "content": f"{LONG_TERM_TAG}\n{state.rolling_summary.strip()}"},
-                {"role": "assistant", "content": ACK},
-            ]
-        warm = await self.warm(session_id)
-        if warm:
-            joined = "\n\n".join(w.summary.strip() for w in warm if w.summary.strip())
-            if joined:
-                messages += [
-                    {"role": "user", "content": f"{SUMMARY_TAG}\n{joined}"},
-                    {"role": "assistant", "content": ACK},
-                ]
-        for turn in await self.hot_turns(session_id, before_message_id=before_message_id, state=state):
-            if turn.user is not None and turn.user.content:
-                text = cap(turn.user.content)
-                _push(messages, "user", label(text, turn.sender_name or turn.sender_id) if group else text)
-            for a in turn.assistant:
-                if a.content:
-                    _push(messages, "assistant", cap(a.content))
-        current: str | list[dict[str, Any]] = current_input
-        if group and speaker_name:
-            current = _label_input(current_input, speaker_name)
-        _push(messages, "user", current)
-        # The API wants the first message from the user; hot turns always start with one,
-        # but a session that begins with an assistant message must not break the request.
-        while messages and messages[0]["role"] != "user":
-            messages.pop(0)
-        return messages
+        snap = await self.db.read(_snapshot, session_id, before_message_id, self.config.hot_size, False)
+        return _assemble(snap, current_input, speaker_name)
+
+    async def context_and_view(
+        self,
+        session_id: str,
+        current_input: str | list[dict[str, Any]],
+        *,
+        before_message_id: int | None = None,
+        speaker_name: str = "",
+    ) -> tuple[list[dict[str, Any]], ContextView]:
+        """``build_context(...)`` and ``view(session_id)`` from one read (the agent needs both
+        for every message: one round trip instead of two, and one consistent snapshot)."""
+        snap = await self.db.read(_snapshot, session_id, before_message_id, self.config.hot_size, True)
+        return _assemble(snap, current_input, speaker_name), snap.view
 
     async def view(self, session_id: str) -> ContextView:
-        state = await self.state(session_id)
-        warm = await self.warm(session_id)
-        hot = await self.hot_turns(session_id, before_message_id=_MAX_ID, state=state)
-        row = await self.db.fetchone(
-            "SELECT COUNT(*) AS n FROM (SELECT 1 FROM messages WHERE session_id = ? AND id > ?"
-            " AND role = 'user' AND tool_call_id IS NULL LIMIT 10000)",
-            (session_id, state.compressed_upto),
-        )
-        return ContextView(
-            long_term=state.rolling_summary,
-            summary="\n\n".join(w.summary for w in warm),
-            hot_turns=hot,
-            pending=max(0, int(row["n"]) - len(hot)),
-            warm_turns=state.warm_turns,
-            warm_rows=len(warm),
-        )
+        return await self.db.read(_view, session_id, self.config.hot_size)
 
     # -- what consolidation is due (pure read) ------------------------------------------
     async def due(self, session_id: str) -> Work | None:
-        cfg = self.config
-        state = await self.state(session_id)
-        if state.warm_turns >= cfg.warm_capacity:
-            return Work(session_id, "extract", state.extracted_upto, state.compressed_upto, state.warm_turns)
-        threshold = cfg.hot_size + cfg.compress_batch
-        ids = await self._user_ids_asc(session_id, state.compressed_upto, threshold + 1)
-        complete = len(ids)
-        if complete <= threshold:
-            last = await self.last_message(session_id)
-            if ids and last is not None and last.id == ids[-1]:
-                complete -= 1           # the bot is still answering it
-        if complete < threshold:
-            return None
-        next_user = ids[cfg.compress_batch]
-        row = await self.db.fetchone(
-            "SELECT MAX(id) AS m FROM messages WHERE session_id = ? AND id < ?", (session_id, next_user)
-        )
-        return Work(session_id, "compress", state.compressed_upto, int(row["m"]), cfg.compress_batch)
+        return await self.db.read(_due, session_id, self.config)
+
+    async def step_inputs(self, work: Work) -> "StepInputs":
+        """What a consolidation step reads before its model calls, from one read: for
+        "compress" the work's turns and all unfolded warm rows; for "extract" the turns after
+        the current ``extracted_upto`` (up to the work's end) and the warm rows it folds."""
+        return await self.db.read(_step_inputs, work)
+
+    async def plan(self, session_id: str) -> "Plan":
+        """Everything a consolidation job looks at first (state, session, pending writes,
+        due work), from one read: after most replies nothing is due, and this is all it costs."""
+        return await self.db.read(_plan, session_id, self.config)
 
     async def unextracted(self, session_id: str) -> tuple[int, int] | None:
         """(extracted_upto, last message id) when messages after extracted_upto exist."""
-        state = await self.state(session_id)
-        last = await self.last_message(session_id)
-        if last is None or last.id <= state.extracted_upto:
-            return None
-        return state.extracted_upto, last.id
+        return await self.db.read(_unextracted, session_id)
 
     # -- committing consolidation (one transaction each) ---------------------------------
     async def commit_compression(self, work: Work, summary: str, *, model: str, first_msg_id: int) -> None:
-        now = time.time()
-        async with self.db.transaction() as tx:
-            await _ensure_state(tx, work.session_id, now)
-            cur = await tx.execute(
-                "SELECT compressed_upto FROM consolidation_state WHERE session_id = ?", (work.session_id,)
-            )
-            row = await cur.fetchone()
-            if row["compressed_upto"] != work.after_id:
-                raise StaleWork(f"{work.session_id}: compressed_upto moved to {row['compressed_upto']}")
-            await tx.execute(
-                "INSERT INTO warm_summaries(session_id, first_msg_id, last_msg_id, turns, summary, model,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (work.session_id, first_msg_id, work.upto_id, work.turns, summary, model, now),
-            )
-            await tx.execute(
-                "UPDATE consolidation_state SET compressed_upto = ?, warm_turns = warm_turns + ?,"
-                " failures = 0, next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
-                (work.upto_id, work.turns, now, work.session_id),
-            )
+        await self.db.write(_commit_compression, work, summary, model, first_msg_id, time.time())
 
     async def commit_extraction(
         self,
@@ -427,72 +288,24 @@ class WorkingMemory:
         With ``rolling_summary``, warm rows ending at or before ``fold_upto`` are marked
         folded and the rolling summary replaced.
         """
-        now = time.time()
-        async with self.db.transaction() as tx:
-            await _ensure_state(tx, session_id, now)
-            cur = await tx.execute(
-                "SELECT extracted_upto FROM consolidation_state WHERE session_id = ?", (session_id,)
-            )
-            row = await cur.fetchone()
-            if row["extracted_upto"] != after_id:
-                raise StaleWork(f"{session_id}: extracted_upto moved to {row['extracted_upto']}")
-            for kind, user_id, payload in writes:
-                await tx.execute(
-                    "INSERT INTO consolidation_writes(session_id, kind, user_id, payload, created_at)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (session_id, kind, user_id, json.dumps(payload, ensure_ascii=False), now),
-                )
-            if rolling_summary is not None:
-                await tx.execute(
-                    "UPDATE warm_summaries SET folded = 1 WHERE session_id = ? AND folded = 0 AND last_msg_id <= ?",
-                    (session_id, fold_upto if fold_upto is not None else upto_id),
-                )
-                await tx.execute(
-                    "UPDATE consolidation_state SET rolling_summary = ? WHERE session_id = ?",
-                    (rolling_summary, session_id),
-                )
-            await tx.execute(
-                "UPDATE consolidation_state SET extracted_upto = MAX(extracted_upto, ?),"
-                + (" warm_turns = 0," if reset_warm else "")
-                + " failures = 0, next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
-                (upto_id, now, session_id),
-            )
+        rows = [(kind, user_id, json.dumps(payload, ensure_ascii=False)) for kind, user_id, payload in writes]
+        await self.db.write(_commit_extraction, session_id, after_id, upto_id, rows, rolling_summary,
+                            fold_upto, reset_warm, time.time())
 
     async def pending_writes(self, session_id: str) -> list[tuple[int, str, str, dict[str, Any]]]:
-        rows = await self.db.fetchall(
-            "SELECT id, kind, user_id, payload FROM consolidation_writes WHERE session_id = ? ORDER BY id",
-            (session_id,),
-        )
-        return [(r["id"], r["kind"], r["user_id"], json.loads(r["payload"])) for r in rows]
+        return await self.db.read(_pending_writes, session_id)
 
     async def done_write(self, write_id: int) -> None:
-        await self.db.execute("DELETE FROM consolidation_writes WHERE id = ?", (write_id,))
+        await self.db.write(_done_write, write_id)
 
     async def mark_episode(self, session_id: str, upto_id: int) -> None:
-        now = time.time()
-        async with self.db.transaction() as tx:
-            await _ensure_state(tx, session_id, now)
-            await tx.execute(
-                "UPDATE consolidation_state SET episode_upto = MAX(episode_upto, ?), failures = 0,"
-                " next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
-                (upto_id, now, session_id),
-            )
+        await self.db.write(_mark_episode, session_id, upto_id, time.time())
 
     async def record_failure(self, session_id: str, error: str, *, base: float, cap_s: float,
                              now: float | None = None) -> float:
         """failures += 1, next_attempt_at = now + min(cap, base * 2**(failures-1)); returns the delay."""
         now = time.time() if now is None else now
-        async with self.db.transaction() as tx:
-            await _ensure_state(tx, session_id, now)
-            cur = await tx.execute("SELECT failures FROM consolidation_state WHERE session_id = ?", (session_id,))
-            failures = (await cur.fetchone())["failures"] + 1
-            delay = min(cap_s, base * (2 ** (failures - 1)))
-            await tx.execute(
-                "UPDATE consolidation_state SET failures = ?, next_attempt_at = ?, last_error = ?,"
-                " updated_at = ? WHERE session_id = ?",
-                (failures, now + delay, error[:500], now, session_id),
-            )
-        return delay
+        return await self.db.write(_record_failure, session_id, error, base, cap_s, now)
 
     # -- recovery ------------------------------------------------------------------------------
     async def sessions_needing_work(self) -> list[str]:
@@ -551,7 +364,336 @@ def _label_input(content: str | list[dict[str, Any]], name: str) -> str | list[d
     return [{"type": "text", "text": f"[{name}]"}] + blocks
 
 
-async def _ensure_state(tx: Any, session_id: str, now: float) -> None:
-    await tx.execute(
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a consolidation job starts from (``WorkingMemory.plan``)."""
+
+    state: State
+    meta: SessionMeta | None
+    writes: list[tuple[int, str, str, dict[str, Any]]]   # pending consolidation_writes
+    work: Work | None           # due(); None when nothing is due or the session is gone
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    state: State
+    after_id: int               # turns are the messages in (after_id, upto_id]
+    upto_id: int
+    turns: list[Turn]
+    warm: list[WarmSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    state: State
+    group: bool
+    warm: list[WarmSummary]
+    hot: list[Turn]
+    view: ContextView | None
+
+
+def _assemble(snap: _Snapshot, current_input: str | list[dict[str, Any]], speaker_name: str) -> list[dict[str, Any]]:
+    """The request's messages from a snapshot (build_context's shape; no database access)."""
+    state, group = snap.state, snap.group
+    messages: list[dict[str, Any]] = []
+    if state.rolling_summary.strip():
+        messages += [
+            {"role": "user", "content": f"{LONG_TERM_TAG}\n{state.rolling_summary.strip()}"},
+            {"role": "assistant", "content": ACK},
+        ]
+    if snap.warm:
+        joined = "\n\n".join(w.summary.strip() for w in snap.warm if w.summary.strip())
+        if joined:
+            messages += [
+                {"role": "user", "content": f"{SUMMARY_TAG}\n{joined}"},
+                {"role": "assistant", "content": ACK},
+            ]
+    for turn in snap.hot:
+        if turn.user is not None and turn.user.content:
+            text = cap(turn.user.content)
+            _push(messages, "user", label(text, turn.sender_name or turn.sender_id) if group else text)
+        for a in turn.assistant:
+            if a.content:
+                _push(messages, "assistant", cap(a.content))
+    current: str | list[dict[str, Any]] = current_input
+    if group and speaker_name:
+        current = _label_input(current_input, speaker_name)
+    _push(messages, "user", current)
+    # The API wants the first message from the user; hot turns always start with one,
+    # but a session that begins with an assistant message must not break the request.
+    while messages and messages[0]["role"] != "user":
+        messages.pop(0)
+    return messages
+
+
+# -- plain functions run in the SQLite thread (Database.read / Database.write) -------------
+# They take the sqlite3 connection and never touch the event loop.
+
+def _state(conn: sqlite3.Connection, session_id: str) -> State:
+    row = conn.execute(
+        "SELECT compressed_upto, extracted_upto, rolling_summary, warm_turns, episode_upto,"
+        " failures, next_attempt_at, last_error FROM consolidation_state WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        return State()
+    return State(
+        compressed_upto=row["compressed_upto"],
+        extracted_upto=row["extracted_upto"],
+        rolling_summary=row["rolling_summary"],
+        warm_turns=row["warm_turns"],
+        episode_upto=row["episode_upto"],
+        failures=row["failures"],
+        next_attempt_at=row["next_attempt_at"],
+        last_error=row["last_error"],
+    )
+
+
+def _meta(conn: sqlite3.Connection, session_id: str) -> SessionMeta | None:
+    row = conn.execute(
+        "SELECT id, conv_key, chat_id, thread_id, chat_type, closed_at FROM sessions WHERE id = ?",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SessionMeta(row["id"], row["conv_key"], row["chat_id"], row["thread_id"], row["chat_type"], row["closed_at"])
+
+
+def _warm(conn: sqlite3.Connection, session_id: str, upto_id: int | None = None) -> list[WarmSummary]:
+    rows = conn.execute(
+        "SELECT id, first_msg_id, last_msg_id, turns, summary, model FROM warm_summaries"
+        " WHERE session_id = ? AND folded = 0 AND last_msg_id <= ? ORDER BY id",
+        (session_id, _MAX_ID if upto_id is None else upto_id),
+    ).fetchall()
+    return [WarmSummary(r["id"], r["first_msg_id"], r["last_msg_id"], r["turns"], r["summary"], r["model"])
+            for r in rows]
+
+
+def _last_message(conn: sqlite3.Connection, session_id: str) -> Message | None:
+    row = conn.execute(
+        "SELECT id, role, content, sender_id, sender_name, lark_message_id FROM messages"
+        " WHERE session_id = ? ORDER BY id DESC LIMIT 1",
+        (session_id,),
+    ).fetchone()
+    return _message(row) if row else None
+
+
+def _user_ids_desc(conn: sqlite3.Connection, session_id: str, after_id: int, before_id: int, limit: int) -> list[int]:
+    return [r["id"] for r in conn.execute(HOT_IDS_SQL, (session_id, after_id, before_id, limit)).fetchall()]
+
+
+def _user_ids_asc(conn: sqlite3.Connection, session_id: str, after_id: int, limit: int) -> list[int]:
+    rows = conn.execute(
+        "SELECT id FROM messages WHERE session_id = ? AND id > ? AND role = 'user'"
+        " AND tool_call_id IS NULL ORDER BY id LIMIT ?",
+        (session_id, after_id, limit),
+    ).fetchall()
+    return [r["id"] for r in rows]
+
+
+def _turns_in(conn: sqlite3.Connection, session_id: str, after_id: int, before_id: int) -> list[Turn]:
+    rows = conn.execute(
+        "SELECT id, role, content, sender_id, sender_name, lark_message_id, tool_call_id FROM messages"
+        " WHERE session_id = ? AND id > ? AND id < ? ORDER BY id",
+        (session_id, after_id, before_id),
+    ).fetchall()
+    turns: list[Turn] = []
+    for row in rows:
+        msg = _message(row)
+        if msg.role == "user" and row["tool_call_id"] is None:
+            turns.append(Turn(user=msg))
+        elif msg.role == "assistant":
+            if not turns:
+                turns.append(Turn(user=None))
+            turns[-1].assistant.append(msg)
+    return turns
+
+
+def _boundary(conn: sqlite3.Connection, session_id: str, before_message_id: int | None) -> int:
+    """Exclusive upper bound of replayable history.
+
+    With ``before_message_id`` (the stored current message) everything before it;
+    without, a trailing unanswered user message is taken to be the current input
+    (the caller stores it first) and left out, so it never appears twice.
+    """
+    if before_message_id is not None:
+        return before_message_id
+    last = _last_message(conn, session_id)
+    if last is not None and last.role == "user":
+        return last.id
+    return _MAX_ID
+
+
+def _hot_turns(conn: sqlite3.Connection, session_id: str, before_message_id: int | None,
+               state: State | None, limit: int) -> list[Turn]:
+    state = state or _state(conn, session_id)
+    boundary = _boundary(conn, session_id, before_message_id)
+    ids = _user_ids_desc(conn, session_id, state.compressed_upto, boundary, limit)
+    if not ids:
+        return []
+    return _turns_in(conn, session_id, min(ids) - 1, boundary)
+
+
+def _view(conn: sqlite3.Connection, session_id: str, hot_size: int,
+          state: State | None = None, warm: list[WarmSummary] | None = None) -> ContextView:
+    state = state or _state(conn, session_id)
+    warm = _warm(conn, session_id) if warm is None else warm
+    hot = _hot_turns(conn, session_id, _MAX_ID, state, hot_size)
+    row = conn.execute(
+        "SELECT COUNT(*) AS n FROM (SELECT 1 FROM messages WHERE session_id = ? AND id > ?"
+        " AND role = 'user' AND tool_call_id IS NULL LIMIT 10000)",
+        (session_id, state.compressed_upto),
+    ).fetchone()
+    return ContextView(
+        long_term=state.rolling_summary,
+        summary="\n\n".join(w.summary for w in warm),
+        hot_turns=hot,
+        pending=max(0, int(row["n"]) - len(hot)),
+        warm_turns=state.warm_turns,
+        warm_rows=len(warm),
+    )
+
+
+def _snapshot(conn: sqlite3.Connection, session_id: str, before_message_id: int | None, hot_size: int,
+              with_view: bool) -> _Snapshot:
+    state = _state(conn, session_id)
+    meta = _meta(conn, session_id)
+    warm = _warm(conn, session_id)
+    hot = _hot_turns(conn, session_id, before_message_id, state, hot_size)
+    view = _view(conn, session_id, hot_size, state, warm) if with_view else None
+    return _Snapshot(state, bool(meta and meta.is_group), warm, hot, view)
+
+
+def _due(conn: sqlite3.Connection, session_id: str, cfg: MemoryConfig, state: State | None = None) -> Work | None:
+    state = state or _state(conn, session_id)
+    if state.warm_turns >= cfg.warm_capacity:
+        return Work(session_id, "extract", state.extracted_upto, state.compressed_upto, state.warm_turns)
+    threshold = cfg.hot_size + cfg.compress_batch
+    ids = _user_ids_asc(conn, session_id, state.compressed_upto, threshold + 1)
+    complete = len(ids)
+    if complete <= threshold:
+        last = _last_message(conn, session_id)
+        if ids and last is not None and last.id == ids[-1]:
+            complete -= 1           # the bot is still answering it
+    if complete < threshold:
+        return None
+    next_user = ids[cfg.compress_batch]
+    row = conn.execute(
+        "SELECT MAX(id) AS m FROM messages WHERE session_id = ? AND id < ?", (session_id, next_user)
+    ).fetchone()
+    return Work(session_id, "compress", state.compressed_upto, int(row["m"]), cfg.compress_batch)
+
+
+def _step_inputs(conn: sqlite3.Connection, work: Work) -> StepInputs:
+    state = _state(conn, work.session_id)
+    if work.kind == "compress":
+        after, upto, warm_upto = work.after_id, work.upto_id, None
+    else:
+        after = state.extracted_upto
+        upto, warm_upto = max(work.upto_id, after), work.upto_id
+    turns = _turns_in(conn, work.session_id, after, upto + 1) if upto > after else []
+    return StepInputs(state, after, upto, turns, _warm(conn, work.session_id, warm_upto))
+
+
+def _plan(conn: sqlite3.Connection, session_id: str, cfg: MemoryConfig) -> Plan:
+    state = _state(conn, session_id)
+    meta = _meta(conn, session_id)
+    work = _due(conn, session_id, cfg, state) if meta is not None else None
+    return Plan(state, meta, _pending_writes(conn, session_id), work)
+
+
+def _unextracted(conn: sqlite3.Connection, session_id: str) -> tuple[int, int] | None:
+    state = _state(conn, session_id)
+    last = _last_message(conn, session_id)
+    if last is None or last.id <= state.extracted_upto:
+        return None
+    return state.extracted_upto, last.id
+
+
+def _pending_writes(conn: sqlite3.Connection, session_id: str) -> list[tuple[int, str, str, dict[str, Any]]]:
+    rows = conn.execute(
+        "SELECT id, kind, user_id, payload FROM consolidation_writes WHERE session_id = ? ORDER BY id",
+        (session_id,),
+    ).fetchall()
+    return [(r["id"], r["kind"], r["user_id"], json.loads(r["payload"])) for r in rows]
+
+
+def _ensure_state(conn: sqlite3.Connection, session_id: str, now: float) -> None:
+    conn.execute(
         "INSERT OR IGNORE INTO consolidation_state(session_id, updated_at) VALUES (?, ?)", (session_id, now)
     )
+
+
+def _commit_compression(conn: sqlite3.Connection, work: Work, summary: str, model: str, first_msg_id: int,
+                        now: float) -> None:
+    _ensure_state(conn, work.session_id, now)
+    row = conn.execute(
+        "SELECT compressed_upto FROM consolidation_state WHERE session_id = ?", (work.session_id,)
+    ).fetchone()
+    if row["compressed_upto"] != work.after_id:
+        raise StaleWork(f"{work.session_id}: compressed_upto moved to {row['compressed_upto']}")
+    conn.execute(
+        "INSERT INTO warm_summaries(session_id, first_msg_id, last_msg_id, turns, summary, model,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (work.session_id, first_msg_id, work.upto_id, work.turns, summary, model, now),
+    )
+    conn.execute(
+        "UPDATE consolidation_state SET compressed_upto = ?, warm_turns = warm_turns + ?,"
+        " failures = 0, next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
+        (work.upto_id, work.turns, now, work.session_id),
+    )
+
+
+def _commit_extraction(conn: sqlite3.Connection, session_id: str, after_id: int, upto_id: int,
+                       rows: list[tuple[str, str, str]], rolling_summary: str | None, fold_upto: int | None,
+                       reset_warm: bool, now: float) -> None:
+    _ensure_state(conn, session_id, now)
+    row = conn.execute("SELECT extracted_upto FROM consolidation_state WHERE session_id = ?", (session_id,)).fetchone()
+    if row["extracted_upto"] != after_id:
+        raise StaleWork(f"{session_id}: extracted_upto moved to {row['extracted_upto']}")
+    conn.executemany(
+        "INSERT INTO consolidation_writes(session_id, kind, user_id, payload, created_at) VALUES (?, ?, ?, ?, ?)",
+        [(session_id, kind, user_id, payload, now) for kind, user_id, payload in rows],
+    )
+    if rolling_summary is not None:
+        conn.execute(
+            "UPDATE warm_summaries SET folded = 1 WHERE session_id = ? AND folded = 0 AND last_msg_id <= ?",
+            (session_id, fold_upto if fold_upto is not None else upto_id),
+        )
+        conn.execute(
+            "UPDATE consolidation_state SET rolling_summary = ? WHERE session_id = ?", (rolling_summary, session_id)
+        )
+    conn.execute(
+        "UPDATE consolidation_state SET extracted_upto = MAX(extracted_upto, ?),"
+        + (" warm_turns = 0," if reset_warm else "")
+        + " failures = 0, next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
+        (upto_id, now, session_id),
+    )
+
+
+def _done_write(conn: sqlite3.Connection, write_id: int) -> None:
+    conn.execute("DELETE FROM consolidation_writes WHERE id = ?", (write_id,))
+
+
+def _mark_episode(conn: sqlite3.Connection, session_id: str, upto_id: int, now: float) -> None:
+    _ensure_state(conn, session_id, now)
+    conn.execute(
+        "UPDATE consolidation_state SET episode_upto = MAX(episode_upto, ?), failures = 0,"
+        " next_attempt_at = 0, last_error = '', updated_at = ? WHERE session_id = ?",
+        (upto_id, now, session_id),
+    )
+
+
+def _record_failure(conn: sqlite3.Connection, session_id: str, error: str, base: float, cap_s: float,
+                    now: float) -> float:
+    _ensure_state(conn, session_id, now)
+    failures = conn.execute(
+        "SELECT failures FROM consolidation_state WHERE session_id = ?", (session_id,)
+    ).fetchone()["failures"] + 1
+    delay = min(cap_s, base * (2 ** (failures - 1)))
+    conn.execute(
+        "UPDATE consolidation_state SET failures = ?, next_attempt_at = ?, last_error = ?,"
+        " updated_at = ? WHERE session_id = ?",
+        (failures, now + delay, error[:500], now, session_id),
+    )
+    return delay
