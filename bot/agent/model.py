@@ -105,12 +105,18 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 
 
 def make_client(*, api_key: str, base_url: str | None, stall_timeout: float = 30.0) -> anthropic.AsyncAnthropic:
-    """One client for the process: pooled connections, explicit timeout, our own retries."""
+    """One client for the process: pooled connections, explicit timeout, our own retries.
+
+    The SDK's aiohttp transport (``DefaultAioHttpClient``, vendored in the SDK, aiohttp is
+    ours already) instead of httpx's own: ~25 % less client CPU per streamed call, measured
+    in bench/README.md. The read timeout still bounds a stalled stream (aiohttp sock_read)."""
+    timeout = anthropic.Timeout(connect=10.0, read=stall_timeout, write=30.0, pool=10.0)
     return anthropic.AsyncAnthropic(
         api_key=api_key or "offline",
         base_url=base_url or None,
-        timeout=anthropic.Timeout(connect=10.0, read=stall_timeout, write=30.0, pool=10.0),
+        timeout=timeout,
         max_retries=0,
+        http_client=anthropic.DefaultAioHttpClient(timeout=timeout),
     )
 
 

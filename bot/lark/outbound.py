@@ -66,6 +66,7 @@ def derive_uuid(base: str, *parts: object) -> str:
 
 
 TEXT_CHUNK_CHARS = 4000
+WORKING_AFTER_S = 1.0          # the "typing" reaction appears only when an answer takes longer
 SEQUENCE_EPOCH = 1767225600.0   # 2026-01-01T00:00:00Z: CardKit sequences count deciseconds from here
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -454,6 +455,7 @@ class LarkReply:
         text_limit: int = TEXT_CHUNK_CHARS,
         card_text_max_bytes: int = CARD_TEXT_MAX_BYTES,
         working_emoji: str = "Typing",
+        working_after_s: float = WORKING_AFTER_S,
         element_id: str = ELEMENT_ID,
         idle_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
@@ -479,6 +481,8 @@ class LarkReply:
         self._text_limit = text_limit
         self._card_max_bytes = card_text_max_bytes
         self._emoji = working_emoji
+        self._working_after_s = working_after_s
+        self._reaction_sending = False
         self._element_id = element_id
         self._idle_timeout_s = idle_timeout_s
         self._clock = clock
@@ -506,7 +510,7 @@ class LarkReply:
     # ---- Reply protocol ------------------------------------------------------------------
     async def working(self) -> None:
         if self._reaction_task is None and not self._finished:
-            self._reaction_task = asyncio.create_task(self._add_reaction())
+            self._reaction_task = asyncio.create_task(self._add_reaction_later())
 
     async def stream(self, text_so_far: str) -> None:
         if self._finished or self.card_failed:
@@ -548,6 +552,14 @@ class LarkReply:
             await self._clear_reaction()
 
     # ---- working reaction ----------------------------------------------------------------
+    async def _add_reaction_later(self) -> str | None:
+        # An answer ready within ``working_after_s`` needs no "typing" sign: it would be two
+        # Open API calls (add, remove) against the app's rate limits for a flicker nobody sees.
+        if self._working_after_s > 0:
+            await asyncio.sleep(self._working_after_s)
+        self._reaction_sending = True
+        return await self._add_reaction()
+
     async def _add_reaction(self) -> str | None:
         try:
             return await self._sender.add_reaction(self.message_id, self._emoji)
@@ -559,6 +571,9 @@ class LarkReply:
 
     async def _clear_reaction(self) -> None:
         if self._reaction_task is None:
+            return
+        if not self._reaction_sending:       # still waiting to add it: nothing on screen
+            self._reaction_task.cancel()
             return
         reaction_id = await self._reaction_task
         if not reaction_id:

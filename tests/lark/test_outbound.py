@@ -1,4 +1,4 @@
-"""LarkSender and LarkReply against the fake Lark Open API (real httpx, loopback).
+"""LarkSender and LarkReply against the fake Lark Open API (real aiohttp client, loopback).
 
 Delays are injected small (backoff in tens of milliseconds, short budgets) so the
 retry paths run quickly; rate assertions count recorded call timestamps, they never
@@ -248,9 +248,10 @@ async def test_chats_do_not_wait_for_each_other(fake, make_sender):
 async def test_short_answer_is_one_text_reply_with_working_reaction_removed(fake, make_sender):
     sender = make_sender()
     mid = message_at(fake)
-    reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid)
+    reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, working_after_s=0.2)
     await reply.working()
     await reply.stream("Hel")
+    await asyncio.sleep(0.5)                  # slower than working_after_s: the sign shows
     await reply.finish("Hello there")
 
     [msg] = fake.messages()
@@ -260,6 +261,18 @@ async def test_short_answer_is_one_text_reply_with_working_reaction_removed(fake
     assert reaction["message_id"] == mid and reaction["emoji_type"] == "Typing"
     assert reaction["deleted"]
     assert reply.delivered_as == "text" and fake.cards() == []
+
+
+async def test_quick_answer_shows_no_working_reaction(fake, make_sender):
+    """An answer ready before ``working_after_s`` costs one Open API call, not three."""
+    sender = make_sender()
+    mid = message_at(fake)
+    reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, working_after_s=0.5)
+    await reply.working()
+    await reply.finish("Quick")
+    await asyncio.sleep(0.7)                  # the cancelled sign must not appear later either
+    assert [m.text for m in fake.messages()] == ["Quick"]
+    assert fake.reactions() == [] and fake.calls_to("/reactions") == []
 
 
 async def test_markdown_answer_goes_as_post_with_md(fake, make_sender):
@@ -319,7 +332,7 @@ async def test_long_answer_streams_into_a_card(fake, make_sender):
     mid = message_at(fake)
     answer = "\n\n".join(f"**Point {i}.** " + ("lorem ipsum " * 12).strip() for i in range(12))
     reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid,
-                      stream_min_chars=200, card_update_interval=0.05)
+                      stream_min_chars=200, card_update_interval=0.05, working_after_s=0)
     await reply.working()
     stream_calls = await _stream(reply, answer)
     await reply.finish(answer)
@@ -491,7 +504,7 @@ async def test_recalled_message_still_gets_the_answer(fake, make_sender):
     sender = make_sender()
     mid = message_at(fake)
     fake.recall_message(mid)
-    reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid)
+    reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, working_after_s=0)
     await reply.working()  # reaction fails (message gone): ignored
     await reply.finish("answer anyway")
     [msg] = fake.messages()
@@ -515,7 +528,7 @@ async def test_request_bodies_use_the_sdk_field_names(fake, make_sender):
 
     sender = make_sender()
     mid = message_at(fake)
-    reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, stream_min_chars=10,
+    reply = LarkReply(sender, message_id=mid, chat_id=CHAT, uuid_base=mid, working_after_s=0, stream_min_chars=10,
                       card_update_interval=0.02)
     await reply.working()
     await reply.stream("streaming text here")

@@ -225,6 +225,7 @@ async def test_reply_delivered_before_the_deadline_is_not_asked_again(tmp_path, 
     "typing" reaction is still being removed: the inbox must say done, or the restart would
     ask the model again (found by the load test above, once in CI)."""
     async with Harness(tmp_path, lark=lark, ethan_shutdown_deadline=1) as h:
+        h.model.responder = lambda req: Delay(1.5, Text("hello to you"))   # slow enough for the sign
         lark.stall_next("/reactions/", 10, method="DELETE")
         ev = make_text_event("hello there", chat_id="oc_p2p_alice", sender="ou_alice")
         assert (await h.post(ev))[0] == 200
