@@ -335,6 +335,50 @@ def _row(row: Any, *, score: float = 0.0) -> Episode:
     )
 
 
+def _where(user_id: str, scope: Scope | None, exclude_session: str | None) -> tuple[list[str], list[Any]]:
+    """The owner filter (always), visibility for ``scope``, and the excluded session."""
+    where = ["e.user_id = ?"]
+    params: list[Any] = [user_id]
+    if scope is not None:
+        where.append(scope.visible_sql("e.visibility"))
+    if exclude_session:
+        where.append("e.session_id <> ?")
+        params.append(exclude_session)
+    return where, params
+
+
+def _bm25_query(where: list[str], params: list[Any], terms: list[str], limit: int) -> tuple[str, tuple[Any, ...]]:
+    return (
+        f"SELECT e.{_COLUMNS.replace(', ', ', e.')}, bm25(episodes_fts) AS rank"
+        " FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
+        f" WHERE episodes_fts MATCH ? AND {' AND '.join(where)}"
+        " ORDER BY rank, e.timestamp DESC LIMIT ?",
+        (_fts_query(terms), *params, limit),
+    )
+
+
+def _recall_reads(
+    conn: Any, query: tuple[str, tuple[Any, ...]], user_id: str, words: list[str]
+) -> tuple[list[Episode], dict[str, float], dict[int, set[str]]]:
+    """Run by Database.read: the bm25 candidates; when there are any, the word weights
+    w(t) = log(1 + N / (1 + df(t))) over the user's own N episodes, and each candidate's terms."""
+    candidates = [_row(r, score=-float(r["rank"])) for r in conn.execute(*query).fetchall()]
+    if not candidates:
+        return [], {}, {}
+    n = int(conn.execute("SELECT COUNT(*) AS n FROM episodes WHERE user_id = ?", (user_id,)).fetchone()["n"])
+    weights: dict[str, float] = {}
+    for w in words:
+        row = conn.execute(
+            "SELECT COUNT(*) AS df FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
+            " WHERE episodes_fts MATCH ? AND e.user_id = ?",
+            (_fts_query([w]), user_id),
+        ).fetchone()
+        weights[w] = math.log(1 + n / (1 + int(row["df"])))
+    ids = [ep.id for ep in candidates]
+    rows = conn.execute(f"SELECT id, terms FROM episodes WHERE id IN ({', '.join('?' * len(ids))})", ids).fetchall()
+    return candidates, weights, {r["id"]: set(r["terms"].split()) for r in rows}
+
+
 def _fts_query(terms: Iterable[str]) -> str:
     # Our terms are word characters only; quoting keeps FTS5 operators (AND, NOT, NEAR) inert.
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
@@ -440,24 +484,12 @@ class EpisodeStore:
         limit = max(0, int(limit))
         if limit == 0:
             return []
-        where = ["e.user_id = ?"]
-        params: list[Any] = [user_id]
-        if scope is not None:
-            where.append(scope.visible_sql("e.visibility"))
-        if exclude_session:
-            where.append("e.session_id <> ?")
-            params.append(exclude_session)
+        where, params = _where(user_id, scope, exclude_session)
         if method == "bm25":
             terms = (await self._off_loop(search_terms, query))[:MAX_QUERY_TERMS]
             if not terms:
                 return []
-            rows = await self.db.fetchall(
-                f"SELECT e.{_COLUMNS.replace(', ', ', e.')}, bm25(episodes_fts) AS rank"
-                " FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
-                f" WHERE episodes_fts MATCH ? AND {' AND '.join(where)}"
-                " ORDER BY rank, e.timestamp DESC LIMIT ?",
-                (_fts_query(terms), *params, limit),
-            )
+            rows = await self.db.fetchall(*_bm25_query(where, params, terms, limit))
             return [_row(r, score=-float(r["rank"])) for r in rows]
         words = (await self._off_loop(search_terms, query))[:MAX_QUERY_TERMS]
         if not words:
@@ -491,15 +523,19 @@ class EpisodeStore:
         words = await self._off_loop(_query_words, text)
         if not words:
             return []
-        candidates = await self.search(
-            scope.user_id, text, limit=RECALL_CANDIDATES, method="bm25", scope=scope,
-            exclude_session=exclude_session,
+        # search(..., method="bm25", scope=scope) plus the word weights and the candidates'
+        # terms, as one read in the SQLite thread (this runs for most messages).
+        terms = (await self._off_loop(search_terms, text))[:MAX_QUERY_TERMS]
+        if not terms:
+            return []
+        where, params = _where(scope.user_id, scope, exclude_session)
+        candidates, weights, terms_of = await self.db.read(
+            _recall_reads, _bm25_query(where, params, terms, RECALL_CANDIDATES), scope.user_id,
+            [w for w, _ in words],
         )
         if not candidates:
             return []
-        weights = await self._word_weights(scope.user_id, [w for w, _ in words])
         total = sum(weights.values()) or 1.0
-        terms_of = await self._terms_of([ep.id for ep in candidates])
         judged: list[tuple[float, Episode]] = []
         for ep in candidates:
             ep_terms = terms_of.get(ep.id, set())
@@ -547,27 +583,6 @@ class EpisodeStore:
             return cur.rowcount
 
     # -- helpers ------------------------------------------------------------------------
-    async def _word_weights(self, user_id: str, words: list[str]) -> dict[str, float]:
-        """w(t) = log(1 + N / (1 + df(t))) over the user's own N episodes."""
-        n = await self.count(user_id)
-        weights: dict[str, float] = {}
-        for w in words:
-            row = await self.db.fetchone(
-                "SELECT COUNT(*) AS df FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
-                " WHERE episodes_fts MATCH ? AND e.user_id = ?",
-                (_fts_query([w]), user_id),
-            )
-            weights[w] = math.log(1 + n / (1 + int(row["df"])))
-        return weights
-
-    async def _terms_of(self, ids: list[int]) -> dict[int, set[str]]:
-        if not ids:
-            return {}
-        rows = await self.db.fetchall(
-            f"SELECT id, terms FROM episodes WHERE id IN ({', '.join('?' * len(ids))})", ids
-        )
-        return {r["id"]: set(r["terms"].split()) for r in rows}
-
     @staticmethod
     async def _off_loop(fn, *args):
         """jieba's first load takes about a second: keep it off the event loop."""

@@ -107,8 +107,10 @@ class Agent:
         self.calls = 0
         self.failures = 0
 
-    async def gather(self, scope: Scope, text: str, *, session_id: str, mode: str) -> MemoryBlocks:
-        """Everything memory contributes to this request, per the path router."""
+    async def gather(self, scope: Scope, text: str, *, session_id: str, mode: str,
+                     view: Any = None) -> MemoryBlocks:
+        """Everything memory contributes to this request, per the path router. ``view``: the
+        session's ContextView when the caller already has it (read with the context)."""
         m = self.memory
         path = route(text)
         rules = tuple(p.rule for p in await m.procedures.for_request(scope))
@@ -117,7 +119,8 @@ class Agent:
         episodes: tuple = ()
         if path.episodes:
             episodes = tuple(await m.episodes.recall(scope, text, exclude_session=session_id))
-        view = await m.working.view(session_id)
+        if view is None:
+            view = await m.working.view(session_id)
         return MemoryBlocks(path=path.name, mode=mode, rules=rules, profile=profile, facts=facts,
                             episodes=episodes, long_term=view.long_term, summary=view.summary,
                             hot_turns=len(view.hot_turns))
@@ -147,14 +150,16 @@ class Agent:
 
         await reply.working()
         mode = await m.modes.get(scope.user_id, scope.conv_key)
-        blocks = await self.gather(scope, turn.text, session_id=session.id, mode=mode)
+        # The request's messages and the memory panel's view come from one read of the
+        # working memory (one SQLite round trip, one consistent snapshot).
+        messages, view = await m.working.context_and_view(
+            session.id, turn.text, before_message_id=appended.message.id,
+            speaker_name=turn.sender_name or scope.user_id)
+        blocks = await self.gather(scope, turn.text, session_id=session.id, mode=mode, view=view)
         show = getattr(reply, "show_memory", None)   # the console's memory panel
         if show is not None:
             show(blocks)
         system = build_system(blocks, today=dt.date.today().isoformat())
-        messages = await m.working.build_context(session.id, turn.text,
-                                                 before_message_id=appended.message.id,
-                                                 speaker_name=turn.sender_name or scope.user_id)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text)
         self.calls += 1
