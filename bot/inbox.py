@@ -7,6 +7,7 @@ are both unique, so a redelivery (same event) or a re-send under a new event id
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -34,37 +35,60 @@ class Inbox:
     def __init__(self, db: Database, *, clock=time.time) -> None:
         self.db = db
         self.clock = clock
+        self._batch: list[tuple[tuple, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
 
     async def accept(
         self, *, event_id: str, message_id: str | None, chat_id: str, conv_key: str,
         create_time: float, payload: str, status: str = "pending", note: str = "",
     ) -> InboxItem | None:
-        """Store the event; None when it (or its message) was seen before."""
-        now = self.clock()
-        async with self.db.transaction() as tx:
-            cur = await tx.execute(
-                "INSERT OR IGNORE INTO inbox(event_id, message_id, chat_id, conv_key, create_time,"
-                " received_at, payload, status, note) VALUES (?,?,?,?,?,?,?,?,?)",
-                (event_id, message_id, chat_id, conv_key, create_time, now, payload, status, note),
-            )
-            if cur.rowcount == 0:
-                return None
-            rowid = cur.lastrowid
-        return InboxItem(rowid, event_id, message_id, chat_id, conv_key, create_time, now,
+        """Store the event (committed when this returns); None when it (or its message) was
+        seen before.
+
+        Group commit: events arriving while an earlier commit is on its way to the SQLite
+        thread are committed together, in arrival order, in one transaction and one round
+        trip — under a burst (Lark redelivering after an outage, a busy group) the cost per
+        acknowledgement falls instead of every event queueing for its own BEGIN … COMMIT."""
+        row = (event_id, message_id, chat_id, conv_key, create_time, self.clock(), payload, status, note)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._batch.append((row, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush())
+        rowid = await future
+        if rowid is None:
+            return None
+        return InboxItem(rowid, event_id, message_id, chat_id, conv_key, create_time, row[5],
                          payload, status, 0)
+
+    async def _flush(self) -> None:
+        try:
+            while self._batch:
+                batch, self._batch = self._batch, []
+                try:
+                    ids = await self.db.write(_insert_rows, [row for row, _ in batch])
+                except BaseException as e:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(e if isinstance(e, Exception) else RuntimeError("inbox closed"))
+                    if not isinstance(e, Exception):
+                        raise
+                    continue
+                for (_, future), rowid in zip(batch, ids):
+                    if not future.done():
+                        future.set_result(rowid)
+        finally:
+            self._flusher = None
 
     async def get(self, item_id: int) -> InboxItem | None:
         row = await self.db.fetchone("SELECT * FROM inbox WHERE id = ?", (item_id,))
         return _item(row) if row else None
 
     async def start(self, item_id: int) -> None:
-        await self.db.execute("UPDATE inbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+        await self.db.write(_run, "UPDATE inbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
 
     async def finish(self, item_id: int, status: str, note: str = "") -> None:
-        await self.db.execute(
-            "UPDATE inbox SET status = ?, note = ?, done_at = ? WHERE id = ?",
-            (status, note[:500], self.clock(), item_id),
-        )
+        await self.db.write(_run, "UPDATE inbox SET status = ?, note = ?, done_at = ? WHERE id = ?",
+                            (status, note[:500], self.clock(), item_id))
 
     async def pending(self, *, max_age: float = STALE_SECONDS) -> list[InboxItem]:
         """Acknowledged but unanswered events young enough to answer, oldest first."""
@@ -92,6 +116,21 @@ class Inbox:
     async def counts(self) -> dict[str, int]:
         rows = await self.db.fetchall("SELECT status, COUNT(*) AS n FROM inbox GROUP BY status")
         return {r["status"]: r["n"] for r in rows}
+
+
+def _run(conn, sql: str, params: tuple) -> int:
+    return conn.execute(sql, params).rowcount
+
+
+def _insert_rows(conn, rows: list[tuple]) -> list[int | None]:
+    """In the SQLite thread: insert each row unless its event or message is known."""
+    out: list[int | None] = []
+    for row in rows:
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO inbox(event_id, message_id, chat_id, conv_key, create_time,"
+            " received_at, payload, status, note) VALUES (?,?,?,?,?,?,?,?,?)", row)
+        out.append(cur.lastrowid if cur.rowcount else None)
+    return out
 
 
 def _item(row) -> InboxItem:

@@ -165,19 +165,14 @@ class Database:
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """One write statement in its own transaction; returns the number of rows changed."""
-        async with self.transaction() as tx:
-            cur = await tx.execute(sql, params)
-            return cur.rowcount
+        return await self.write(_rowcount, sql, params)
 
     async def insert(self, sql: str, params: Sequence[Any] = ()) -> int:
         """One INSERT in its own transaction; returns the new row's id."""
-        async with self.transaction() as tx:
-            cur = await tx.execute(sql, params)
-            return int(cur.lastrowid or 0)
+        return await self.write(_lastrowid, sql, params)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        async with self.transaction() as tx:
-            await tx.executemany(sql, rows)
+        await self.write(_many, sql, list(rows))
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
         async with self._read():
@@ -220,6 +215,18 @@ class Database:
     async def integrity_check(self) -> str:
         row = await self.fetchone("PRAGMA integrity_check")
         return str(row[0])
+
+
+def _rowcount(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
+    return conn.execute(sql, params).rowcount
+
+
+def _lastrowid(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
+    return int(conn.execute(sql, params).lastrowid or 0)
+
+
+def _many(conn: sqlite3.Connection, sql: str, rows: list) -> None:
+    conn.executemany(sql, rows)
 
 
 def _call_on(aconn: aiosqlite.Connection, fn: Callable[..., T], args: tuple) -> T:
