@@ -353,6 +353,10 @@ def touch_query(user_id: str, ids: list[int], now: float) -> tuple[str, tuple[An
     )
 
 
+def _row_sync(conn: Any, user_id: str, fact_id: int) -> Any:
+    return conn.execute(f"SELECT {_COLUMNS}, norm FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone()
+
+
 def _top_and_touch(conn: Any, scope: Scope, k: int, now: float) -> list[Fact]:
     """``top_query`` then ``touch_query`` on what it returned (run by Database.write)."""
     facts = [_fact(r) for r in conn.execute(*top_query(scope, k)).fetchall()]
@@ -402,89 +406,84 @@ class FactStore:
         visibility = "shared" if source == "user_edit" else scope.new_visibility
         new = _analyse(text)
         now = self.clock()
+
+        # The whole read-compare-write runs as one Database.write in the SQLite thread (one
+        # round trip instead of up to ten; the remember tool calls this on the reply path).
+        return await self.db.write(self._add_sync, scope, text, category, source, conf, visibility, new, now)
+
+    def _add_sync(self, conn: Any, scope: Scope, text: str, category: str, source: str, conf: float,
+                  visibility: str, new: Any, now: float) -> FactWrite:
         user = scope.user_id
+        rows = conn.execute(
+            "SELECT id, content, confidence FROM facts WHERE user_id = ? AND superseded_at IS NULL", (user,)
+        ).fetchall()
 
-        async with self.db.transaction() as tx:
-            cur = await tx.execute(
-                "SELECT id, content, confidence FROM facts "
-                "WHERE user_id = ? AND superseded_at IS NULL",
-                (user,),
+        same: list[tuple[float, float, int]] = []
+        contradicted: list[int] = []
+        for row in rows:
+            kind, score = _relation(new, _analyse(row["content"]), category)
+            if kind == SAME_FACT:
+                same.append((score, row["confidence"], row["id"]))
+            elif kind == CONTRADICTS:
+                contradicted.append(row["id"])
+
+        evicted: tuple[int, ...] = ()
+        if same:
+            target_id = max(same)[2]
+            old = _row_sync(conn, user, target_id)
+            assert old is not None
+            new_conf = reinforced_confidence(old["confidence"], conf)
+            new_source = source if _AUTHORITY[source] > _AUTHORITY[old["source"]] else old["source"]
+            new_vis = "shared" if visibility == "shared" else old["visibility"]
+            chat_id, message_id = old["chat_id"], old["message_id"]
+            if scope.message_id or scope.chat_id:
+                chat_id, message_id = scope.chat_id, scope.message_id
+            conn.execute(
+                "UPDATE facts SET confidence = ?, source = ?, visibility = ?, chat_id = ?, "
+                "message_id = ?, hit_count = hit_count + 1, last_accessed = ?, updated_at = ? "
+                "WHERE user_id = ? AND id = ?",
+                (new_conf, new_source, new_vis, chat_id, message_id, now, now, user, target_id),
             )
-            rows = await cur.fetchall()
-            await cur.close()
+            fact_id, action = target_id, "reinforced"
+        else:
+            fact_id = int(conn.execute(
+                "INSERT INTO facts(user_id, content, norm, category, confidence, source, "
+                "visibility, chat_id, message_id, created_at, updated_at, last_accessed, hit_count) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (user, text, new.norm, category, conf, source, visibility,
+                 scope.chat_id, scope.message_id, now, now, now),
+            ).lastrowid)
+            action = "superseded" if contradicted else "added"
 
-            same: list[tuple[float, float, int]] = []
-            contradicted: list[int] = []
-            for row in rows:
-                kind, score = _relation(new, _analyse(row["content"]), category)
-                if kind == SAME_FACT:
-                    same.append((score, row["confidence"], row["id"]))
-                elif kind == CONTRADICTS:
-                    contradicted.append(row["id"])
-
-            evicted: tuple[int, ...] = ()
-            if same:
-                target_id = max(same)[2]
-                old = await self._row(tx, user, target_id)
-                assert old is not None
-                new_conf = reinforced_confidence(old["confidence"], conf)
-                new_source = source if _AUTHORITY[source] > _AUTHORITY[old["source"]] else old["source"]
-                new_vis = "shared" if visibility == "shared" else old["visibility"]
-                chat_id, message_id = old["chat_id"], old["message_id"]
-                if scope.message_id or scope.chat_id:
-                    chat_id, message_id = scope.chat_id, scope.message_id
-                await tx.execute(
-                    "UPDATE facts SET confidence = ?, source = ?, visibility = ?, chat_id = ?, "
-                    "message_id = ?, hit_count = hit_count + 1, last_accessed = ?, updated_at = ? "
-                    "WHERE user_id = ? AND id = ?",
-                    (new_conf, new_source, new_vis, chat_id, message_id, now, now, user, target_id),
-                )
-                fact_id, action = target_id, "reinforced"
-            else:
-                cur = await tx.execute(
-                    "INSERT INTO facts(user_id, content, norm, category, confidence, source, "
-                    "visibility, chat_id, message_id, created_at, updated_at, last_accessed, hit_count) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                    (user, text, new.norm, category, conf, source, visibility,
-                     scope.chat_id, scope.message_id, now, now, now),
-                )
-                fact_id = int(cur.lastrowid)
-                await cur.close()
-                action = "superseded" if contradicted else "added"
-
-            contradicted = [i for i in contradicted if i != fact_id]
-            if contradicted:
-                marks = ",".join("?" * len(contradicted))
-                await tx.execute(
-                    f"UPDATE facts SET superseded_at = ?, superseded_by = ?, updated_at = ? "
-                    f"WHERE +user_id = ? AND superseded_at IS NULL AND id IN ({marks})",
-                    (now, fact_id, now, user, *contradicted),
-                )
-            if action != "reinforced":
-                evicted = await self._evict(tx, user, keep=fact_id)
-            row = await self._row(tx, user, fact_id)
+        contradicted = [i for i in contradicted if i != fact_id]
+        if contradicted:
+            marks = ",".join("?" * len(contradicted))
+            conn.execute(
+                f"UPDATE facts SET superseded_at = ?, superseded_by = ?, updated_at = ? "
+                f"WHERE +user_id = ? AND superseded_at IS NULL AND id IN ({marks})",
+                (now, fact_id, now, user, *contradicted),
+            )
+        if action != "reinforced":
+            evicted = self._evict_sync(conn, user, keep=fact_id)
+        row = _row_sync(conn, user, fact_id)
         assert row is not None
         return FactWrite(_fact(row), action, tuple(contradicted), evicted)
 
-    async def _evict(self, tx: Any, user_id: str, *, keep: int) -> tuple[int, ...]:
-        cur = await tx.execute(
+    def _evict_sync(self, conn: Any, user_id: str, *, keep: int) -> tuple[int, ...]:
+        (active,) = conn.execute(
             "SELECT COUNT(*) FROM facts WHERE user_id = ? AND superseded_at IS NULL", (user_id,)
-        )
-        (active,) = await cur.fetchone()
-        await cur.close()
+        ).fetchone()
         excess = active - self.capacity
         if excess <= 0:
             return ()
-        cur = await tx.execute(
+        ids = tuple(r[0] for r in conn.execute(
             "SELECT id FROM facts WHERE user_id = ? AND superseded_at IS NULL AND id != ? "
             "ORDER BY confidence ASC, last_accessed ASC, id ASC LIMIT ?",
             (user_id, keep, excess),
-        )
-        ids = tuple(r[0] for r in await cur.fetchall())
-        await cur.close()
+        ).fetchall())
         if ids:
             marks = ",".join("?" * len(ids))
-            await tx.execute(f"DELETE FROM facts WHERE +user_id = ? AND id IN ({marks})", (user_id, *ids))
+            conn.execute(f"DELETE FROM facts WHERE +user_id = ? AND id IN ({marks})", (user_id, *ids))
         return ids
 
     @staticmethod
