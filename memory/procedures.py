@@ -131,13 +131,15 @@ class ProcedureStore:
             kind, owner = USER, scope.user_id
         norm = normalise(text)
 
-        async with self.db.transaction() as tx:
-            cur = await tx.execute(
+        now = self.clock()
+
+        # Read, compare and insert as one Database.write in the SQLite thread (one round trip;
+        # the procedure_write tool calls this on the reply path).
+        def write(tx: Any) -> tuple[Procedure, bool]:
+            rows = tx.execute(
                 f"SELECT {_COLUMNS}, norm FROM procedures WHERE scope = ? AND scope_id = ? ORDER BY id",
                 (kind, owner),
-            )
-            rows = await cur.fetchall()
-            await cur.close()
+            ).fetchall()
             for row in rows:
                 if row["norm"] == norm or relation(text, row["rule"]) == SAME_FACT:
                     return _procedure(row), False
@@ -146,18 +148,15 @@ class ProcedureStore:
                     f"there are already {len(rows)} rules here (at most {self.max_rules}); "
                     "ask the user which one to delete first"
                 )
-            cur = await tx.execute(
+            new_id = int(tx.execute(
                 "INSERT INTO procedures(scope, scope_id, rule, context, norm, visibility, created_by, "
                 "chat_id, message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (kind, owner, text, ctx, norm, scope.new_visibility, scope.user_id,
-                 scope.chat_id, scope.message_id, self.clock()),
-            )
-            new_id = int(cur.lastrowid)
-            await cur.close()
-            cur = await tx.execute(f"SELECT {_COLUMNS} FROM procedures WHERE id = ?", (new_id,))
-            row = await cur.fetchone()
-            await cur.close()
-        return _procedure(row), True
+                 scope.chat_id, scope.message_id, now),
+            ).lastrowid)
+            return _procedure(tx.execute(f"SELECT {_COLUMNS} FROM procedures WHERE id = ?", (new_id,)).fetchone()), True
+
+        return await self.db.write(write)
 
     async def for_request(self, scope: Scope) -> list[Procedure]:
         """The chat's rules, then the speaking user's (module docs: user rules apply everywhere)."""

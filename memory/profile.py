@@ -346,21 +346,22 @@ class ProfileStore:
         text = clean_entry(entry)
         visibility = "shared" if source == "user_edit" else scope.new_visibility
         now = self.clock()
-        async with self.db.transaction() as tx:
-            cur = await tx.execute(
+
+        # Read, compare and write as one Database.write in the SQLite thread (one round trip;
+        # the update_profile tool calls this on the reply path).
+        def write(tx: Any) -> str:
+            rows = tx.execute(
                 "SELECT id, position, entry, visibility FROM profile_entries WHERE user_id = ? AND section = ?"
                 " ORDER BY position, id",
                 (scope.user_id, section),
-            )
-            rows = list(await cur.fetchall())
-            await cur.close()
+            ).fetchall()
             # In a group the model saw (and may change) only the shared entries.
             visible = rows if scope.is_private else [r for r in rows if r["visibility"] == "shared"]
             next_pos = (max(r["position"] for r in rows) + 1) if rows else 0
             provenance = (source, scope.chat_id, scope.message_id)
 
-            async def insert(position: int) -> None:
-                await tx.execute(
+            def insert(position: int) -> None:
+                tx.execute(
                     "INSERT INTO profile_entries(user_id, section, position, entry, visibility, source, chat_id,"
                     " message_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (scope.user_id, section, position, text, visibility, *provenance, now, now),
@@ -369,18 +370,18 @@ class ProfileStore:
             if mode == "overwrite":
                 gone = [r["id"] for r in visible]
                 if gone:
-                    await tx.execute(
+                    tx.execute(
                         f"DELETE FROM profile_entries WHERE id IN ({', '.join('?' * len(gone))})", gone
                     )
                 position = min((r["position"] for r in visible), default=next_pos)
-                await insert(position)
+                insert(position)
                 return f"{section} now holds this entry" + (f" (replaced {len(gone)})." if gone else ".")
 
             same = next((r for r in rows if normalise(r["entry"]) == normalise(text)), None)
             if same is not None:
                 # Known already: refresh provenance; never narrow a shared entry to private.
                 keep_vis = "shared" if "shared" in (same["visibility"], visibility) else "private"
-                await tx.execute(
+                tx.execute(
                     "UPDATE profile_entries SET entry = ?, visibility = ?, updated_at = ? WHERE id = ?",
                     (text, keep_vis, now, same["id"]),
                 )
@@ -389,7 +390,7 @@ class ProfileStore:
             if mode == "merge" and visible:
                 best = max(visible, key=lambda r: merge_score(r["entry"], text))
                 if merge_score(best["entry"], text) >= MERGE_THRESHOLD:
-                    await tx.execute(
+                    tx.execute(
                         "UPDATE profile_entries SET entry = ?, visibility = ?, source = ?, chat_id = ?,"
                         " message_id = ?, updated_at = ? WHERE id = ?",
                         (text, visibility, *provenance, now, best["id"]),
@@ -401,8 +402,10 @@ class ProfileStore:
                     f"{section} is full ({MAX_SECTION_ENTRIES} entries); use mode 'merge' to replace a similar "
                     "entry or 'overwrite' to rewrite the section"
                 )
-            await insert(next_pos)
+            insert(next_pos)
             return f"Added to {section}."
+
+        return await self.db.write(write)
 
     async def apply_extraction(self, scope: Scope, entries: Iterable[Any], *, companion: bool) -> int:
         """Merge background psychological extraction into 心理与情绪 — companion mode only.
