@@ -9,7 +9,7 @@ on for the load only) shows where the event loop's time goes.
 Baseline (DESIGN §5, the cost trap): one reply sent through lark-oapi's async API
 (``lark_oapi.Client`` ``im.v1.message.areply``, which opens a new ``httpx.AsyncClient`` —
 and builds a new TLS context — per call) against Ethan's pooled client (``OpenApi`` over one
-long-lived ``httpx.AsyncClient``), CPU ms per send. The fake Lark runs in a subprocess there,
+long-lived ``aiohttp.ClientSession``), CPU ms per send. The fake Lark runs in a subprocess there,
 so the benchmark process's CPU time is the client's alone.
 
     python -m bench.bench_throughput [--quick]
@@ -359,7 +359,7 @@ async def _send_costs(base_url: str, n: int) -> list[tuple[str, float, float]]:
             await api.request("POST", f"/open-apis/im/v1/messages/om_cost_b{i}/reply",
                               json={"content": content, "msg_type": "text", "uuid": f"b-{i}"})
 
-        await measure("Ethan `OpenApi.request` (one pooled httpx.AsyncClient)", pooled)
+        await measure("Ethan `OpenApi.request` (one pooled aiohttp.ClientSession)", pooled)
         sender = LarkSender(api)
 
         async def ours(i: str) -> None:

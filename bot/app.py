@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from aiohttp import web
 
 from bot.agent.agent import Agent, Memory
@@ -94,7 +93,6 @@ class EthanApp:
         self._bot_open_id = ""
         self._identity = asyncio.Event()
         self._anthropic = None
-        self._http: httpx.AsyncClient | None = None
         self.started_at = 0.0
         self.ready = False
         self.closing = False
@@ -158,11 +156,9 @@ class EthanApp:
             from bot.lark.openapi import OpenApi
             from bot.lark.outbound import LarkSender
 
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(10.0, connect=5.0),
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=60),
-            )
-            self.lark_api = OpenApi(s.lark_app_id, s.lark_app_secret, s.lark_domain, http=self._http)
+            # One pooled aiohttp session, owned by OpenApi: made in this loop on the first call,
+            # closed by lark_api.aclose() in stop().
+            self.lark_api = OpenApi(s.lark_app_id, s.lark_app_secret, s.lark_domain, timeout=10.0)
             self.sender = LarkSender(self.lark_api)
         # Group speakers' names: looked up in Lark when connected; the console registers its own.
         self.names = deps.names = CachedNames(self.lark_api)
@@ -318,8 +314,6 @@ class EthanApp:
             await self._runner.cleanup()
         if self.lark_api is not None:
             await self.lark_api.aclose()
-        if self._http is not None:
-            await self._http.aclose()
         if self._anthropic is not None:
             await self._anthropic.close()
         if self.db is not None:

@@ -1,11 +1,20 @@
-"""The Lark Open API over one long-lived ``httpx.AsyncClient``.
+"""The Lark Open API over one long-lived ``aiohttp.ClientSession``.
 
 Why not ``lark_oapi.Client``: its async transport opens a new ``httpx.AsyncClient``
 (a new TLS context) for every call — DESIGN §5 measured 80 % of a reply's CPU
 there — and its token manager fetches tokens with blocking ``requests`` calls on
-the event loop. Here one pooled client carries every call (connection reuse, one
+the event loop. Here one pooled session carries every call (connection reuse, one
 TLS context), and the tenant access token is fetched asynchronously, once for any
 number of concurrent callers, and cached until ~5 minutes before it expires.
+
+Why aiohttp rather than a pooled ``httpx.AsyncClient``: aiohttp is already here (the
+server), and its client costs about a third of httpx's CPU per call on the event loop
+(bench/README.md, "End-to-end throughput"). The session is created lazily inside the
+running loop on the first call and closed by ``aclose()``. What httpx did implicitly is
+kept explicitly: CA bundle from ``SSL_CERT_FILE``/``SSL_CERT_DIR`` or certifi, proxy from
+``HTTPS_PROXY``/``NO_PROXY`` (read once, not per request), bool query values as
+``true``/``false``, no silent resend of a request whose connection was reset (aiohttp
+resends GET/PUT/DELETE once; a reset is the caller's TRANSIENT error, as before).
 
 Request bodies follow the shapes of lark-oapi's generated models
 (``ReplyMessageRequestBody``, ``ContentCardElementRequestBody``, …) as plain dicts;
@@ -21,12 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json as jsonlib
+import os
+import ssl
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Mapping
 
-import httpx
+import aiohttp
 import structlog
 
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
@@ -34,6 +48,11 @@ BOT_INFO_PATH = "/open-apis/bot/v3/info"
 
 LOG_ID_HEADER = "x-tt-logid"
 RATELIMIT_RESET_HEADER = "x-ogw-ratelimit-reset"
+USER_AGENT = "ethan-lark-bot"
+MAX_CONNECTIONS = 64
+KEEPALIVE_S = 60.0
+
+_JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8"}
 
 
 class Category(str, Enum):
@@ -217,6 +236,48 @@ def _retry_after(headers: Mapping[str, str], now: Callable[[], float] = time.tim
     return None
 
 
+def _ssl_context() -> ssl.SSLContext:
+    """The CA bundle httpx used: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else certifi's."""
+    if os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    if os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    try:
+        import certifi
+    except ImportError:  # pragma: no cover - certifi comes with lark-oapi (requests, httpx)
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _env_proxy(url: str) -> str | None:
+    """``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` for ``url`` unless ``NO_PROXY`` exempts it.
+
+    Read once per session: aiohttp's ``trust_env`` would look it up in a thread per request.
+    """
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
+
+
+def _query(params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Query pairs encoded as httpx did: bools as true/false, None as "", lists repeated."""
+    def text(v: Any) -> str:
+        if v is True:
+            return "true"
+        if v is False:
+            return "false"
+        return "" if v is None else str(v)
+
+    out: list[tuple[str, str]] = []
+    for k, v in params.items():
+        for item in v if isinstance(v, (list, tuple)) else (v,):
+            out.append((str(k), text(item)))
+    return out
+
+
 class OpenApi:
     """Tenant-token authenticated JSON calls to the Lark Open API."""
 
@@ -226,7 +287,7 @@ class OpenApi:
         app_secret: str,
         domain: str = "https://open.feishu.cn",
         *,
-        http: httpx.AsyncClient | None = None,
+        http: aiohttp.ClientSession | None = None,
         timeout: float = 10.0,
         token_margin_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
@@ -236,11 +297,10 @@ class OpenApi:
         self._app_secret = app_secret
         self.domain = domain.rstrip("/")
         self._own_http = http is None
-        self._http = http or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=60.0),
-            headers={"User-Agent": "ethan-lark-bot"},
-        )
+        self._http: aiohttp.ClientSession | None = http  # owned: created on first use, in the loop
+        self._closed = False
+        # total for the whole call (connect, send, answer); connect includes waiting for a pooled slot
+        self._client_timeout = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 5.0))
         self._timeout = timeout
         self._token_margin_s = token_margin_s
         self._clock = clock
@@ -251,12 +311,33 @@ class OpenApi:
         self.token_fetches = 0  # observable for tests and metrics
 
     @property
-    def http(self) -> httpx.AsyncClient:
-        return self._http
+    def http(self) -> aiohttp.ClientSession:
+        """The session every call goes over (created here on first use; needs a running loop)."""
+        session = self._http
+        if session is None:
+            if self._closed:
+                raise RuntimeError("OpenApi is closed")
+            session = self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S,
+                    ssl=_ssl_context() if self.domain.startswith("https:") else True),
+                timeout=self._client_timeout,
+                headers={"User-Agent": USER_AGENT},
+                proxy=_env_proxy(self.domain),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+            # aiohttp resends an idempotent request once when its connection is reset. A
+            # CardKit PUT or a reaction DELETE may have been applied before the reset; the
+            # caller's retry table decides (same uuid / next sequence), not the transport.
+            if hasattr(session, "_retry_connection"):
+                session._retry_connection = False
+        return session
 
     async def aclose(self) -> None:
-        if self._own_http:
-            await self._http.aclose()
+        self._closed = True
+        if self._own_http and self._http is not None:
+            session, self._http = self._http, None
+            await session.close()
 
     async def __aenter__(self) -> "OpenApi":
         return self
@@ -334,42 +415,47 @@ class OpenApi:
         params: Mapping[str, Any] | None = None,
         token: str | None,
     ) -> dict:
-        headers = {"Content-Type": "application/json; charset=utf-8"}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
+        headers = _JSON_HEADERS if token is None else {**_JSON_HEADERS, "Authorization": f"Bearer {token}"}
+        data = None if json is None else jsonlib.dumps(
+            json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        session = self.http
         try:
-            resp = await self._http.request(
-                method, self.domain + path, json=json, params=params, headers=headers
-            )
-        except httpx.HTTPError as e:  # timeouts, refused connections, protocol errors
+            async with session.request(
+                method, self.domain + path, data=data, params=_query(params) if params else None,
+                headers=headers, timeout=self._client_timeout,
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+                resp_headers = resp.headers
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # timeouts, refused, resets
             raise LarkApiError(NO_CODE, f"{type(e).__name__}: {e}", path=path) from e
-        log_id = resp.headers.get(LOG_ID_HEADER)
+        log_id = resp_headers.get(LOG_ID_HEADER)
         try:
-            body = resp.json()
-        except ValueError:
+            body = jsonlib.loads(raw)  # whatever the content type says, as httpx's .json() did
+        except ValueError:  # includes UnicodeDecodeError
             body = None
         if not isinstance(body, dict):
             raise LarkApiError(
                 NO_CODE,
-                f"non-JSON response ({resp.headers.get('content-type', '?')})",
-                http_status=resp.status_code,
+                f"non-JSON response ({resp_headers.get('content-type', '?')})",
+                http_status=status,
                 log_id=log_id,
-                retry_after_s=_retry_after(resp.headers),
+                retry_after_s=_retry_after(resp_headers),
                 path=path,
             )
-        code = body.get("code", NO_CODE if resp.status_code >= 400 else 0)
+        code = body.get("code", NO_CODE if status >= 400 else 0)
         try:
             code = int(code)
         except (TypeError, ValueError):
             code = NO_CODE
-        if code != 0 or resp.status_code >= 400:
+        if code != 0 or status >= 400:
             err = body.get("error") if isinstance(body.get("error"), dict) else {}
             raise LarkApiError(
                 code,
                 str(body.get("msg") or ""),
-                http_status=resp.status_code,
+                http_status=status,
                 log_id=log_id or err.get("log_id"),
-                retry_after_s=_retry_after(resp.headers),
+                retry_after_s=_retry_after(resp_headers),
                 path=path,
             )
         return body
