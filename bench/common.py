@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import math
 import os
 import platform
@@ -431,54 +432,35 @@ def signed_request(text: str, *, chat_id: str, sender: str, chat_type: str = "p2
 
 async def post_all(url: str, requests: Sequence[tuple[str, dict, bytes]], concurrency: int,
                    *, sent_at: dict[str, float] | None = None) -> tuple[list[float], list[int]]:
-    """POST every request with at most ``concurrency`` in flight; returns (seconds per
-    request, HTTP statuses). ``sent_at`` receives each message's monotonic send time."""
-    import aiohttp
-
-    latencies: list[float] = [0.0] * len(requests)
-    statuses: list[int] = [0] * len(requests)
-    it = iter(enumerate(requests))
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        async def worker() -> None:
-            for i, (mid, headers, body) in it:
-                t0 = time.monotonic()
-                if sent_at is not None:
-                    sent_at[mid] = t0
-                async with http.post(url, data=body, headers=headers) as resp:
-                    await resp.read()
-                    statuses[i] = resp.status
-                latencies[i] = time.monotonic() - t0
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, statuses
+    """POST every request with at most ``concurrency`` in flight (closed loop: each connection
+    sends its next request when the previous one is answered), from the load-generator process
+    (``bench/loadgen.py``); returns (seconds per request, HTTP statuses). ``sent_at`` receives
+    each message's send time (``time.monotonic``, the same clock in every process)."""
+    return await _loadgen(url, requests, concurrency, None, sent_at)
 
 
 async def post_at_rate(url: str, requests: Sequence[tuple[str, dict, bytes]], rate: float,
                        ) -> tuple[list[float], list[int]]:
     """Open loop: request i is sent at start + i / rate whether or not earlier ones were
     answered (as Lark does); returns (seconds per request, HTTP statuses)."""
-    import aiohttp
+    return await _loadgen(url, requests, 0, rate, None)
 
-    latencies: list[float] = [0.0] * len(requests)
-    statuses: list[int] = [0] * len(requests)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
-        start = time.monotonic()
 
-        async def one(i: int, headers: dict, body: bytes) -> None:
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            t0 = time.monotonic()
-            async with http.post(url, data=body, headers=headers) as resp:
-                await resp.read()
-                statuses[i] = resp.status
-            latencies[i] = time.monotonic() - t0
+async def _loadgen(url: str, requests: Sequence[tuple[str, dict, bytes]], concurrency: int,
+                   rate: float | None, sent_at: dict[str, float] | None) -> tuple[list[float], list[int]]:
+    import pickle
 
-        await asyncio.gather(*(one(i, h, b) for i, (_, h, b) in enumerate(requests)))
-    return latencies, statuses
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.loadgen", cwd=str(ROOT),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate(pickle.dumps((url, list(requests), concurrency, rate)))
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator exited with {proc.returncode}")
+    result = json.loads(out)
+    if sent_at is not None:
+        for (mid, _, _), t in zip(requests, result["sent"]):
+            sent_at[mid] = t
+    return result["lat"], result["status"]
 
 
 def run_async(coro):

@@ -237,3 +237,22 @@ async def test_write_inside_a_transaction_joins_it_and_reads_wait_for_it(db):
         assert not seen                                     # another task waits for the commit
     await task
     assert seen == [3]
+
+
+async def test_wal_is_checkpointed_in_the_background_not_by_commits(tmp_path):
+    """Commits no longer checkpoint by themselves (that pause sat on the one SQLite thread every
+    query waits for); the background checkpointer keeps the WAL from growing instead."""
+    db = await Database(tmp_path / "wal.db").open()
+    try:
+        await db.start_checkpointer(interval=0.05)
+        assert (await db.fetchone("PRAGMA wal_autocheckpoint"))[0] == memory.db.BACKSTOP_CHECKPOINT_PAGES
+        blob = "x" * 4000
+        for _ in range(12):                       # ~12 × 500 KB, with time for a checkpoint between
+            await db.executemany("INSERT INTO audit(at, actor, action, detail) VALUES (0, 'a', 'b', ?)",
+                                 [(blob,)] * 125)
+            await asyncio.sleep(0.15)
+        wal = (tmp_path / "wal.db-wal").stat().st_size
+        assert wal < 2_000_000, wal               # restarted from the top, not 6 MB of frames
+    finally:
+        await db.close()
+    assert db._checkpointer is None
