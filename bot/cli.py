@@ -171,12 +171,23 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_USAGE
 
 
+def _loop_factory():
+    """uvloop for the server (a faster event loop: ~25 % less CPU per answered message, see
+    bench/README.md); the standard loop where it is not installed (Windows)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def _serve(settings: Settings) -> int:
     configure_logging(settings.ethan_log_level)
     from bot.app import serve
 
     try:
-        asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(settings))
     except KeyboardInterrupt:
         pass
     except OSError as e:
