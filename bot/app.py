@@ -165,7 +165,8 @@ class EthanApp:
         # Group speakers' names: looked up in Lark when connected; the console registers its own.
         self.names = deps.names = CachedNames(self.lark_api)
         self.handler = MessageHandler(deps)
-        self.dispatcher = Dispatcher(self.handler, max_concurrency=s.ethan_max_concurrency)
+        self.dispatcher = Dispatcher(self.handler, max_concurrency=s.ethan_max_concurrency,
+                                     admit=self._admit)
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc())
         if s.lark_enabled:
@@ -190,12 +191,15 @@ class EthanApp:
                  model=model.name, offline_model=s.offline_model, removed_empty_sessions=removed)
 
     async def _warm_up(self, warm_up) -> None:
+        t0 = time.monotonic()
         await asyncio.to_thread(warm_up)
+        t1 = time.monotonic()
         # What start-up loaded (jieba's dictionary, pydantic schemas, the SDKs) lives as long as
         # the process: out of the collector's sight, a full collection no longer walks those
         # millions of objects while requests wait (a ~100 ms pause every so often under load).
-        gc.collect()
         gc.freeze()
+        log.info("app.warmed", warm_up_ms=int((t1 - t0) * 1000), frozen_objects=gc.get_freeze_count(),
+                 freeze_ms=int((time.monotonic() - t1) * 1000))
 
     async def _start_http(self) -> None:
         from bot.offline_model import setup_offline_model
@@ -228,6 +232,10 @@ class EthanApp:
         sockets = getattr(self._site._server, "sockets", None) or []
         if sockets:
             self.port = sockets[0].getsockname()[1]
+
+    async def _admit(self) -> None:
+        if self.intake is not None:
+            await self.intake.quiet()
 
     def _intake_proxy(self):
         app = self

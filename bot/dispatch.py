@@ -22,8 +22,10 @@ Handler = Callable[[Any], Awaitable[None]]
 
 
 class Dispatcher:
-    def __init__(self, handler: Handler, *, max_concurrency: int = 64) -> None:
+    def __init__(self, handler: Handler, *, max_concurrency: int = 64,
+                 admit: Callable[[], Awaitable[None]] | None = None) -> None:
         self._handler = handler
+        self._admit = admit   # waited before each job starts (the intake's "acknowledge first")
         self._sem = asyncio.Semaphore(max_concurrency)
         self._mailboxes: dict[str, collections.deque] = {}
         self._workers: dict[str, asyncio.Task] = {}
@@ -66,6 +68,8 @@ class Dispatcher:
                 job = box[0]
                 async with self._sem:
                     try:
+                        if self._admit is not None:
+                            await self._admit()
                         await self._handler(job)
                         self.handled += 1
                     except asyncio.CancelledError:

@@ -4,6 +4,8 @@ only then handed to the dispatcher. Shared by the webhook route and the long con
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +28,10 @@ class IntakeResult:
     reason: str = ""
 
 
+QUIET_GAP_S = 0.005      # no acknowledgement for this long: the burst is over
+MAX_HOLD_S = 1.0         # a conversation's work waits at most this long behind acknowledgements
+
+
 class Intake:
     def __init__(self, inbox: Inbox, dispatcher: Dispatcher, *, clock=time.time,
                  on_event: Callable[[str], None] | None = None) -> None:
@@ -33,11 +39,50 @@ class Intake:
         self.dispatcher = dispatcher
         self.clock = clock
         self.on_event = on_event or (lambda status: None)
+        self._active = 0
+        self._last_done = 0.0
+        self._idle: asyncio.Event | None = None
+        self._watcher: asyncio.Task | None = None
 
     async def accept(self, raw: str, body: dict) -> IntakeResult:
-        result = await self._accept(raw, body)
+        self._active += 1
+        if self._idle is not None:
+            self._idle.clear()
+        try:
+            result = await self._accept(raw, body)
+        finally:
+            self._active -= 1
+            self._last_done = time.monotonic()
+            if self._watcher is None and self._idle is not None and not self._idle.is_set():
+                self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="intake-quiet")
         self.on_event(result.status)
         return result
+
+    async def quiet(self, max_hold: float = MAX_HOLD_S) -> None:
+        """Acknowledge first, answer later: hold new conversation work while a burst of events
+        is being acknowledged (an event in flight, or one within the last 5 ms), for at most
+        ``max_hold``. On one event loop, every step of an answer delays the acknowledgements
+        queued behind it; Lark's 3 s limit is hard, a reply's latency is not."""
+        if self._idle is None:
+            self._idle = asyncio.Event()
+            self._idle.set()
+        if self._active == 0 and time.monotonic() - self._last_done >= QUIET_GAP_S:
+            return
+        self._idle.clear()
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="intake-quiet")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), max_hold)
+
+    async def _watch(self) -> None:
+        """One watcher (not one poller per waiting job) opens the gate once the burst is over."""
+        try:
+            while self._active or time.monotonic() - self._last_done < QUIET_GAP_S:
+                await asyncio.sleep(QUIET_GAP_S)
+            assert self._idle is not None
+            self._idle.set()
+        finally:
+            self._watcher = None
 
     async def _accept(self, raw: str, body: dict) -> IntakeResult:
         try:
