@@ -175,7 +175,8 @@ _STAGES = {   # function name -> the stage of a reply it stands for (innermost m
     "gather": "agent: gather memory", "build_context": "agent: build_context",
     "append_user": "agent: store user message", "append_assistant": "agent: store answer",
     "respond": "agent: other", "_job": "consolidation queue (after each reply)",
-    "lark_events": "webhook ack", "handle": "handler (inbox start/finish)",
+    "lark_events": "webhook ack", "_flush": "webhook ack", "handle": "handler (inbox start/finish)",
+    "context_and_view": "agent: build_context",
 }
 _HELPERS = {"_one", "_all", "_fetch", "_ensure_state"}
 

@@ -117,6 +117,13 @@ class EthanApp:
     async def start(self) -> None:
         s = self.settings
         self.started_at = time.time()
+        from memory.episodic import warm_up
+
+        # jieba's dictionary (~0.6 s, holding the interpreter lock most of it) loads beside the
+        # database open and before the port opens: loaded while serving, it made the first
+        # acknowledgements after a (re)start wait for it.
+        t_warm = time.monotonic()
+        warming = asyncio.create_task(asyncio.to_thread(warm_up))
         self.db = await Database(s.db_path).open()
         await self.db.start_checkpointer()
         sessions = SessionStore(self.db, idle_timeout=s.ethan_session_idle_hours * 3600)
@@ -124,6 +131,8 @@ class EthanApp:
         facts, procedures = FactStore(self.db), ProcedureStore(self.db)
         profile, episodes, modes = ProfileStore(self.db), EpisodeStore(self.db), ModeStore(self.db)
         removed = await sessions.cleanup_empty()
+        await warming
+        warm_ms = int((time.monotonic() - t_warm) * 1000)
 
         await self._start_http()   # the offline model is served here, so it comes first
         base_url = s.anthropic_base_url or None
@@ -182,24 +191,16 @@ class EthanApp:
         if self.recover_inbox:
             await self._recover_inbox()
         self._spawn(self._housekeeping(), "housekeeping")
-        # jieba's first load (~1 s) stays off the reply path.
-        from memory.episodic import warm_up
-
-        self._spawn(self._warm_up(warm_up), "warm-up")
+        # What start-up loaded (jieba's dictionary, pydantic schemas, the SDKs) lives as long as
+        # the process: out of the collector's sight, a full collection no longer walks those
+        # objects while requests wait (a ~100 ms pause every so often under load).
+        t_freeze = time.monotonic()
+        gc.freeze()
+        log.info("app.warmed", warm_up_ms=warm_ms, frozen_objects=gc.get_freeze_count(),
+                 freeze_ms=int((time.monotonic() - t_freeze) * 1000))
         self.ready = True
         log.info("app.ready", url=self.base_url, lark=s.lark_transport if s.lark_enabled else "off",
                  model=model.name, offline_model=s.offline_model, removed_empty_sessions=removed)
-
-    async def _warm_up(self, warm_up) -> None:
-        t0 = time.monotonic()
-        await asyncio.to_thread(warm_up)
-        t1 = time.monotonic()
-        # What start-up loaded (jieba's dictionary, pydantic schemas, the SDKs) lives as long as
-        # the process: out of the collector's sight, a full collection no longer walks those
-        # millions of objects while requests wait (a ~100 ms pause every so often under load).
-        gc.freeze()
-        log.info("app.warmed", warm_up_ms=int((t1 - t0) * 1000), frozen_objects=gc.get_freeze_count(),
-                 freeze_ms=int((time.monotonic() - t1) * 1000))
 
     async def _start_http(self) -> None:
         from bot.offline_model import setup_offline_model
