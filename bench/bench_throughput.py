@@ -132,9 +132,15 @@ async def _count_work(n: int) -> dict:
         callers[_caller()] += 1
         return await original(self, fn, *args, **kwargs)
 
+    last = [""]
+
     def trace(sql: str) -> None:
-        if not sql.startswith("--"):          # statements run by triggers / FTS are reported as comments
+        # Statements run by triggers / FTS5 are reported as comments, and each trigger program
+        # also re-reports the statement that fired it: count neither.
+        if not sql.startswith("--") and sql != last[0]:
             stmts[" ".join(sql.split()[:3])] += 1
+        if not sql.startswith("--"):
+            last[0] = sql
 
     lark, model = FakeLark(), FakeAnthropic()
     lark.start()

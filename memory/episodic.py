@@ -520,6 +520,13 @@ class EpisodeStore:
         """
         if k <= 0 or max_tokens <= 0:
             return []
+        where, params = _where(scope.user_id, scope, exclude_session)
+        # Most messages come from users with nothing to recall here (new, or no episode this
+        # chat may see): one indexed read instead of segmenting the text twice with jieba
+        # (~0.5 ms of event loop per message, measured in bench_throughput).
+        if await self.db.fetchone(f"SELECT 1 FROM episodes e WHERE {' AND '.join(where)} LIMIT 1",
+                                  params) is None:
+            return []
         words = await self._off_loop(_query_words, text)
         if not words:
             return []
@@ -528,7 +535,6 @@ class EpisodeStore:
         terms = (await self._off_loop(search_terms, text))[:MAX_QUERY_TERMS]
         if not terms:
             return []
-        where, params = _where(scope.user_id, scope, exclude_session)
         candidates, weights, terms_of = await self.db.read(
             _recall_reads, _bm25_query(where, params, terms, RECALL_CANDIDATES), scope.user_id,
             [w for w, _ in words],
