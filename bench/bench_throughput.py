@@ -422,7 +422,7 @@ def _cost_trap(n: int) -> list[tuple[str, float, float]]:
 def run(quick: bool = False) -> list[str]:
     convs, per_conv, conc = (50, 2, 20) if quick else (200, 3, 50)
     sends = 30 if quick else 200
-    runs = [_e2e(convs, per_conv, conc, None) for _ in range(1 if quick else 3)]
+    runs = [_e2e(convs, per_conv, conc, None) for _ in range(1 if quick else 5)]
     runs.sort(key=lambda x: x["delivered"] / x["wall"])
     r = runs[len(runs) // 2]                   # the median run by messages per second
     n = r["delivered"]
