@@ -8,6 +8,7 @@ import pytest
 
 from bot.inbox import Inbox
 from memory.db import Database
+from tests.round_trips import counting_round_trips
 
 
 @pytest.fixture
@@ -24,22 +25,11 @@ def _event(i: int, *, message: int | None = None) -> dict:
 
 
 async def test_a_burst_is_committed_in_a_few_round_trips_and_every_row_is_there(db):
-    trips = 0
-    real = db.conn._execute
-
-    async def counting(fn, *args, **kwargs):
-        nonlocal trips
-        trips += 1
-        return await real(fn, *args, **kwargs)
-
-    db.conn._execute = counting
     inbox = Inbox(db)
-    try:
+    with counting_round_trips(db) as trips:
         items = await asyncio.gather(*(inbox.accept(**_event(i)) for i in range(100)))
-    finally:
-        db.conn._execute = real
     assert all(item is not None for item in items)
-    assert trips <= 3, trips                         # group commit, not 100 (or 300) hops
+    assert trips["n"] <= 3, trips                    # group commit, not 100 (or 300) hops
     rows = await db.fetchall("SELECT id, event_id FROM inbox ORDER BY id")
     assert [r["event_id"] for r in rows] == [f"ev_{i}" for i in range(100)]   # arrival order
     assert [item.id for item in items] == [r["id"] for r in rows]

@@ -13,6 +13,7 @@ from memory.db import Database, DatabaseError, SchemaTooNew
 from memory.schema import MIGRATIONS
 from memory.scope import Scope
 from memory.sessions import SessionStore
+from tests.round_trips import counting_round_trips
 
 
 async def test_pragmas(db):
@@ -203,20 +204,9 @@ def _fail_after_one(conn) -> None:
 
 
 async def test_write_runs_a_whole_transaction_in_one_round_trip(db):
-    trips = 0
-    real = db.conn._execute
-
-    async def counting(fn, *args, **kwargs):
-        nonlocal trips
-        trips += 1
-        return await real(fn, *args, **kwargs)
-
-    db.conn._execute = counting
-    try:
+    with counting_round_trips(db) as trips:
         assert await db.write(_two_rows, "w") == 2
-    finally:
-        db.conn._execute = real
-    assert trips == 1
+    assert trips["n"] == 1
     assert await db.read(lambda conn: conn.execute("SELECT COUNT(*) FROM audit").fetchone()[0]) == 2
     with pytest.raises(RuntimeError):
         await db.write(_fail_after_one)
