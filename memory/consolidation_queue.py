@@ -157,6 +157,7 @@ class ConsolidationQueue:
                 await asyncio.wait_for(self._queue.join(), timeout)
             except asyncio.TimeoutError:
                 finished = False
+        left = self.depth          # counted before the cancel: cancelled jobs no longer count
         self._stopped = True
         for handle in self._timers.values():
             handle.cancel()
@@ -167,7 +168,7 @@ class ConsolidationQueue:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         if not finished:
-            self._emit("warning", "consolidation_drain_timeout", left=self.depth)
+            self._emit("warning", "consolidation_drain_timeout", left=left)
         return finished
 
     async def wait_idle(self, timeout: float = 10.0) -> None:

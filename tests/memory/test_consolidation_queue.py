@@ -222,7 +222,7 @@ def _tool(name, data):
 
 # -- restart in the middle ----------------------------------------------------------------------
 
-async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake):
+async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake, caplog):
     path = tmp_path / "e.db"
     gate = threading.Event()
 
@@ -240,6 +240,8 @@ async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake):
     sid = w.session_id
     await fake.wait_for_requests_async(1, kind="tool")   # the first compression is in flight
     assert await w.close(drain=0.2) is False     # shutdown deadline: in-flight work cancelled
+    # the operator's line counts what was cut off, not what is left after cancelling it
+    assert re.search(r"consolidation_drain_timeout left=[1-9]", caplog.text), caplog.text
     # nothing was committed for the cancelled job
     db = await Database(path).open()
     assert (await db.fetchone("SELECT COUNT(*) AS n FROM warm_summaries"))["n"] == 0
