@@ -84,11 +84,11 @@ class Inbox:
         return _item(row) if row else None
 
     async def start(self, item_id: int) -> None:
-        await self.db.write(_run, "UPDATE inbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+        await self.db.execute("UPDATE inbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
 
     async def finish(self, item_id: int, status: str, note: str = "") -> None:
-        await self.db.write(_run, "UPDATE inbox SET status = ?, note = ?, done_at = ? WHERE id = ?",
-                            (status, note[:500], self.clock(), item_id))
+        await self.db.execute("UPDATE inbox SET status = ?, note = ?, done_at = ? WHERE id = ?",
+                              (status, note[:500], self.clock(), item_id))
 
     async def pending(self, *, max_age: float = STALE_SECONDS) -> list[InboxItem]:
         """Acknowledged but unanswered events young enough to answer, oldest first."""
@@ -116,10 +116,6 @@ class Inbox:
     async def counts(self) -> dict[str, int]:
         rows = await self.db.fetchall("SELECT status, COUNT(*) AS n FROM inbox GROUP BY status")
         return {r["status"]: r["n"] for r in rows}
-
-
-def _run(conn, sql: str, params: tuple) -> int:
-    return conn.execute(sql, params).rowcount
 
 
 def _insert_rows(conn, rows: list[tuple]) -> list[int | None]:

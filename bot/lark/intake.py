@@ -46,41 +46,37 @@ class Intake:
 
     async def accept(self, raw: str, body: dict) -> IntakeResult:
         self._active += 1
-        if self._idle is not None:
-            self._idle.clear()
         try:
             result = await self._accept(raw, body)
         finally:
             self._active -= 1
             self._last_done = time.monotonic()
-            if self._watcher is None and self._idle is not None and not self._idle.is_set():
-                self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="intake-quiet")
         self.on_event(result.status)
         return result
+
+    def _busy(self) -> bool:
+        return self._active > 0 or time.monotonic() - self._last_done < QUIET_GAP_S
 
     async def quiet(self, max_hold: float = MAX_HOLD_S) -> None:
         """Acknowledge first, answer later: hold new conversation work while a burst of events
         is being acknowledged (an event in flight, or one within the last 5 ms), for at most
         ``max_hold``. On one event loop, every step of an answer delays the acknowledgements
         queued behind it; Lark's 3 s limit is hard, a reply's latency is not."""
-        if self._idle is None:
-            self._idle = asyncio.Event()
-            self._idle.set()
-        if self._active == 0 and time.monotonic() - self._last_done >= QUIET_GAP_S:
+        if not self._busy():
             return
-        self._idle.clear()
         if self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="intake-quiet")
+            self._idle = asyncio.Event()
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(self._idle), name="intake-quiet")
+        assert self._idle is not None
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._idle.wait(), max_hold)
 
-    async def _watch(self) -> None:
+    async def _watch(self, idle: asyncio.Event) -> None:
         """One watcher (not one poller per waiting job) opens the gate once the burst is over."""
         try:
-            while self._active or time.monotonic() - self._last_done < QUIET_GAP_S:
+            while self._busy():
                 await asyncio.sleep(QUIET_GAP_S)
-            assert self._idle is not None
-            self._idle.set()
+            idle.set()
         finally:
             self._watcher = None
 
