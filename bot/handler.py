@@ -96,7 +96,7 @@ class MessageHandler:
         reply = d.make_reply(inbound, resumed=item.attempts > 0)
         started = time.monotonic()
         try:
-            await self._answer(inbound, reply)
+            await self._answer(inbound, reply, bound)
             await d.inbox.finish(item.id, "done")
         except asyncio.CancelledError:
             # Cancelled at the shutdown deadline after the answer was delivered (e.g. while the
@@ -107,10 +107,8 @@ class MessageHandler:
         if d.on_replied is not None:
             d.on_replied(time.monotonic() - started)
 
-    async def _answer(self, inbound: Inbound, reply: Any) -> None:
+    async def _answer(self, inbound: Inbound, reply: Any, bound: Any) -> None:
         d = self.d
-        bound = log.bind(event_id=inbound.event_id, message_id=inbound.message_id or "",
-                         chat_id=inbound.chat_id)
         chinese = is_chinese(inbound.text) or not inbound.text
         if inbound.text == "" and inbound.message_type not in ("text", "post"):
             await reply.finish(unreadable_reply(inbound.message_type, chinese=True))

@@ -389,19 +389,19 @@ class LarkSender:
         self, card_id: str, sequence: int, *, settings: dict | None = None, uuid: str | None = None
     ) -> None:
         """Turn the card's streaming mode off (``settings`` may also set the summary)."""
-        settings = settings or {"config": {"streaming_mode": False}}
-        await self._card_op(
-            "close_streaming", "PATCH", f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}/settings",
-            {"settings": json.dumps(settings, ensure_ascii=False)}, card_id=card_id, sequence=sequence,
-            uuid=uuid,
-        )
+        await self._card_settings("close_streaming", card_id, sequence,
+                                  settings or {"config": {"streaming_mode": False}}, uuid)
 
     async def open_streaming(self, card_id: str, sequence: int, *, uuid: str | None = None) -> None:
         """Turn the card's streaming mode (back) on, e.g. for a card adopted after a crash."""
+        await self._card_settings("open_streaming", card_id, sequence, {"config": {"streaming_mode": True}}, uuid)
+
+    async def _card_settings(self, name: str, card_id: str, sequence: int, settings: dict,
+                             uuid: str | None) -> None:
         await self._card_op(
-            "open_streaming", "PATCH", f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}/settings",
-            {"settings": json.dumps({"config": {"streaming_mode": True}})}, card_id=card_id,
-            sequence=sequence, uuid=uuid,
+            name, "PATCH", f"/open-apis/cardkit/v1/cards/{_path_id(card_id)}/settings",
+            {"settings": json.dumps(settings, ensure_ascii=False)}, card_id=card_id, sequence=sequence,
+            uuid=uuid,
         )
 
     async def update_card(self, card_id: str, card_json: dict, sequence: int, uuid: str | None = None) -> None:
@@ -433,12 +433,12 @@ class LarkReply:
     ``uuid_base`` comes from the inbound message id (deterministic), so a message
     processed again after a crash resends with the same uuids and Lark drops the
     duplicates: text chunks use ``<base>-<i>``, card overflow ``<base>-card-<i>``, the
-    card message ``<base>-card`` (``<base>-card-<card_id>`` without a ledger). The card entity behind it is recorded in ``cards`` (the
-    outbox) before the message is sent, so a run after a crash finishes the card already
-    on screen rather than sending a second one; CardKit sequences are derived from the wall
-    clock so they keep increasing across processes. The text fallback's uuids are
-    independent of the card's, so a card that failed never blocks the text answer. Uuids
-    over Lark's 50 characters are hashed.
+    card message ``<base>-card`` (``<base>-card-<card_id>`` without a ledger). The card
+    entity behind it is recorded in ``cards`` (the outbox) before the message is sent, so a
+    run after a crash finishes the card already on screen rather than sending a second one;
+    CardKit sequences are derived from the wall clock so they keep increasing across
+    processes. The text fallback's uuids are independent of the card's, so a card that
+    failed never blocks the text answer. Uuids over Lark's 50 characters are hashed.
     """
 
     def __init__(
