@@ -18,11 +18,14 @@ from pydantic import ValidationError
 from bot.agent.agent import Agent, Turn, is_chinese
 from bot.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.lark.events import MESSAGE_RECEIVE, Envelope
+from bot.lark.openapi import Category, LarkApiError
 from bot.lark.normalize import Inbound, parse_event
 from bot.log import get_logger
 from bot.reply import Reply
 
 log = get_logger("ethan.handler")
+
+GIVE_UP = (Category.PERMISSION, Category.BAD_REQUEST)   # Lark will not take this answer later either
 
 UNREADABLE = {
     "image": ("图片", "images"), "file": ("文件", "files"), "audio": ("语音", "voice messages"),
@@ -98,6 +101,16 @@ class MessageHandler:
         try:
             await self._answer(inbound, reply, bound)
             await d.inbox.finish(item.id, "done")
+        except LarkApiError as e:
+            # Delivery failed after the sender's retries; `reply.failed` already says why, with
+            # the ids. Lark refused for good (permission, a bad request): recorded as failed, not
+            # replayed at every start. Otherwise it stays pending for the next start (the stored
+            # answer is replayed under the same uuid).
+            if e.category in GIVE_UP:
+                await d.inbox.finish(item.id, "failed", f"lark code {e.code}: {e.msg}")
+            bound.warning("reply.undelivered", code=e.code, category=e.category.value,
+                          inbox="failed" if e.category in GIVE_UP else "pending")
+            return
         except asyncio.CancelledError:
             # Cancelled at the shutdown deadline after the answer was delivered (e.g. while the
             # "typing" reaction was being removed): record it, or the restart would answer again.

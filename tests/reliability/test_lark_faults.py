@@ -79,7 +79,31 @@ async def test_token_rejected_twice_gives_up_with_a_log_line(tmp_path, logs):
         assert deliveries_by_trigger(h.lark).get(_mid(ev)) is None
         [failed] = logs.events("reply.failed")
         assert failed["code"] == 99991663 and failed["message_id"] == _mid(ev) and failed["chat_id"]
+        assert not logs.events("dispatch.job_failed")          # one error line, not a traceback too
+        row = await h.app.db.fetchone("SELECT status FROM inbox WHERE message_id = ?", (_mid(ev),))
+        assert row["status"] == "pending"                      # a token problem may pass: replayed at start
         # The bot is not stuck: the next message is answered.
+        ev2 = await h.send_text("third question", **ALICE)
+        await _answered_once(h, ev2)
+
+
+async def test_reply_lark_refuses_for_good_is_recorded_failed_not_replayed(tmp_path, logs):
+    """Lark refuses the answer itself (230002: the bot is not in the group any more): the inbox
+    says failed with the code, the restart does not try again, and the next message is answered."""
+    async with Harness(tmp_path) as h:
+        await h.send_text("warm up", **ALICE)
+        await h.replies(1)
+        await h.idle()
+        h.lark.fail_next("/reply", times=1, status=400, code=230002, msg="Bot is not in the chat")
+        ev = await h.send_text("second question", **ALICE)
+        await h.idle()
+        assert [c.code for c in _reply_calls(h, ev)] == [230002]                 # no retry
+        row = await h.app.db.fetchone("SELECT status, note FROM inbox WHERE message_id = ?", (_mid(ev),))
+        assert row["status"] == "failed" and "230002" in row["note"]
+        assert not logs.events("dispatch.job_failed")
+        await h.restart()
+        await h.idle()
+        assert [c.code for c in _reply_calls(h, ev)] == [230002]                 # not replayed
         ev2 = await h.send_text("third question", **ALICE)
         await _answered_once(h, ev2)
 
