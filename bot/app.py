@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from bot.commands import Commands
 from bot.config import Settings
 from bot.dispatch import Dispatcher
 from bot.handler import HandlerDeps, MessageHandler
-from bot.inbox import Inbox
+from bot.inbox import Inbox, InboxItem
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
 from bot.lark.normalize import Inbound
@@ -50,6 +51,7 @@ from memory.working import MemoryConfig, WorkingMemory
 log = get_logger("ethan.app")
 
 OFFLINE_PATH = "/_offline"
+REDELIVER_AFTER_S = 60.0   # an answer Lark did not take (the Open API down, a token problem) is tried again
 APP_KEY: web.AppKey["EthanApp"] = web.AppKey("ethan", object)
 
 
@@ -91,6 +93,8 @@ class EthanApp:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._background: set[asyncio.Task] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.redeliver_after_s = REDELIVER_AFTER_S
         self._bot_open_id = ""
         self._identity = asyncio.Event()
         self._anthropic = None
@@ -161,7 +165,7 @@ class EthanApp:
             make_reply=self._make_reply, bot_open_id=self.bot_open_id, is_admin=s.is_admin,
             respond_to_all=s.ethan_respond_to_all, names=None,
             on_ignored=lambda reason: self.metrics.ignored.labels(reason=reason).inc(),
-            on_replied=self._on_replied,
+            on_replied=self._on_replied, retry_later=self._retry_later,
         )
         if s.lark_enabled:
             from bot.lark.openapi import OpenApi
@@ -227,6 +231,23 @@ class EthanApp:
         sockets = getattr(self._site._server, "sockets", None) or []
         if sockets:
             self.port = sockets[0].getsockname()[1]
+
+    def _retry_later(self, item: InboxItem) -> float | None:
+        """Submit an undelivered item again after ``redeliver_after_s`` (the handler's skip
+        rule ends it once the message is 30 minutes old). Timers die with the process; the
+        row is pending in the inbox, so a restart picks it up too."""
+        if self.closing or self.dispatcher is None:
+            return None
+        again = dataclasses.replace(item, attempts=item.attempts + 1)
+
+        def resubmit() -> None:
+            self._timers.discard(handle)
+            if not self.closing and self.dispatcher is not None:
+                self.dispatcher.submit(again.conv_key, again)
+
+        handle = asyncio.get_running_loop().call_later(self.redeliver_after_s, resubmit)
+        self._timers.add(handle)
+        return self.redeliver_after_s
 
     async def _admit(self) -> None:
         if self.intake is not None:
@@ -314,6 +335,9 @@ class EthanApp:
         cancelled = 0
         if self.dispatcher is not None:
             cancelled = await self.dispatcher.stop(deadline)
+        for timer in list(self._timers):      # their items stay pending in the inbox
+            timer.cancel()
+        self._timers.clear()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -65,6 +65,9 @@ class HandlerDeps:
     names: NameResolver | None = None
     on_ignored: Callable[[str], None] | None = None
     on_replied: Callable[[float], None] | None = None
+    # An answer Lark did not take for a reason that may pass: hand the item back to be tried
+    # again later in this process (returns the delay in s, or None when it will not be).
+    retry_later: Callable[[InboxItem], float | None] | None = None
 
 
 class MessageHandler:
@@ -104,12 +107,15 @@ class MessageHandler:
         except LarkApiError as e:
             # Delivery failed after the sender's retries; `reply.failed` already says why, with
             # the ids. Lark refused for good (permission, a bad request): recorded as failed, not
-            # replayed at every start. Otherwise it stays pending for the next start (the stored
-            # answer is replayed under the same uuid).
+            # replayed at every start. Otherwise it stays pending and is tried again later (the
+            # stored answer is replayed under the same uuid) until the 30-minute rule drops it.
+            retry_in = None
             if e.category in GIVE_UP:
                 await d.inbox.finish(item.id, "failed", f"lark code {e.code}: {e.msg}")
+            elif d.retry_later is not None:
+                retry_in = d.retry_later(item)
             bound.warning("reply.undelivered", code=e.code, category=e.category.value,
-                          inbox="failed" if e.category in GIVE_UP else "pending")
+                          inbox="failed" if e.category in GIVE_UP else "pending", retry_in_s=retry_in)
             return
         except asyncio.CancelledError:
             # Cancelled at the shutdown deadline after the answer was delivered (e.g. while the

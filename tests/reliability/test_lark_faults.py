@@ -16,7 +16,7 @@ import pytest
 from tests.fakes.fake_anthropic import Text
 from tests.fakes.fake_lark import chat_rate_limited, rate_limited, token_invalid
 from tests.harness import Harness
-from tests.reliability.support import deliveries_by_trigger, reply_uuids_by_trigger
+from tests.reliability.support import deliveries_by_trigger, reply_uuids_by_trigger, wait_until
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 
@@ -82,9 +82,32 @@ async def test_token_rejected_twice_gives_up_with_a_log_line(tmp_path, logs):
         assert not logs.events("dispatch.job_failed")          # one error line, not a traceback too
         row = await h.app.db.fetchone("SELECT status FROM inbox WHERE message_id = ?", (_mid(ev),))
         assert row["status"] == "pending"                      # a token problem may pass: replayed at start
+        [undelivered] = logs.events("reply.undelivered")
+        assert undelivered["inbox"] == "pending" and undelivered["retry_in_s"] == h.app.redeliver_after_s
         # The bot is not stuck: the next message is answered.
         ev2 = await h.send_text("third question", **ALICE)
         await _answered_once(h, ev2)
+
+
+async def test_undelivered_answer_is_tried_again_in_the_running_process(tmp_path, logs):
+    """The answer was stored but Lark did not take it (token rejected twice): a while later the
+    same process sends it again — the stored answer, not a second model call — once."""
+    async with Harness(tmp_path) as h:
+        h.app.redeliver_after_s = 0.5
+        await h.send_text("warm up", **ALICE)
+        await h.replies(1)
+        await h.idle()
+        h.lark.fail_next("/reply", times=2, **token_invalid())
+        model_calls = len(h.model.chat_requests())
+        ev = await h.send_text("second question", **ALICE)
+        await wait_until(lambda: deliveries_by_trigger(h.lark).get(_mid(ev)), 10, "the second try")
+        await _answered_once(h, ev)
+        codes = [c.code for c in _reply_calls(h, ev)]
+        assert codes == [99991663, 99991663, 0], codes
+        assert len({c.json["uuid"] for c in _reply_calls(h, ev)}) == 1        # the same uuid
+        assert len(h.model.chat_requests()) == model_calls + 1                # replayed, not re-asked
+        row = await h.app.db.fetchone("SELECT status, attempts FROM inbox WHERE message_id = ?", (_mid(ev),))
+        assert (row["status"], row["attempts"]) == ("done", 2)
 
 
 async def test_reply_lark_refuses_for_good_is_recorded_failed_not_replayed(tmp_path, logs):
