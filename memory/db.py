@@ -100,16 +100,21 @@ class Database:
         self._checkpointer = asyncio.create_task(self._checkpoint_loop(interval), name="wal-checkpoint")
 
     async def _checkpoint_loop(self, interval: float) -> None:
-        conn = await asyncio.to_thread(sqlite3.connect, self.path, check_same_thread=False)
+        conn = sqlite3.connect(self.path, check_same_thread=False)   # opening is quick (WAL exists)
         conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+        running: asyncio.Future | None = None
         try:
             while True:
                 await asyncio.sleep(interval)
-                # Shielded: a cancel must not close the connection under a running checkpoint.
-                await asyncio.shield(asyncio.to_thread(_checkpoint, conn))
+                running = asyncio.ensure_future(asyncio.to_thread(_checkpoint, conn))
+                await asyncio.shield(running)
         except asyncio.CancelledError:
             pass
         finally:
+            if running is not None and not running.done():
+                # The thread is still checkpointing: never close the connection under it.
+                with contextlib.suppress(Exception):
+                    await running
             conn.close()
 
     async def close(self) -> None:
