@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence, TypeVar
@@ -44,7 +45,8 @@ class Database:
         self._conn: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
         self._tx_owner: asyncio.Task | None = None
-        self._checkpointer: asyncio.Task | None = None
+        self._checkpointer: threading.Thread | None = None
+        self._checkpoint_stop = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------------
     async def open(self) -> "Database":
@@ -91,37 +93,23 @@ class Database:
         the one thread every query of the bot waits for, and with fsyncs: a pause of ~100 ms
         every few thousand acknowledgements (bench_webhook_ack showed it as the p99). Passive
         checkpoints here never block a writer; the automatic one stays as a backstop at a
-        higher mark in case this loop falls behind."""
+        higher mark in case this thread falls behind. The thread owns its connection from
+        open to close, so nothing can close it under a running checkpoint."""
         if self._checkpointer is not None or self.path == ":memory:":
             return
         await self.conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_CHECKPOINT_PAGES}")
         # The WAL file keeps its high-water size unless told otherwise: back to this after a reset.
         await self.conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-        self._checkpointer = asyncio.create_task(self._checkpoint_loop(interval), name="wal-checkpoint")
-
-    async def _checkpoint_loop(self, interval: float) -> None:
-        conn = sqlite3.connect(self.path, check_same_thread=False)   # opening is quick (WAL exists)
-        conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-        running: asyncio.Future | None = None
-        try:
-            while True:
-                await asyncio.sleep(interval)
-                running = asyncio.ensure_future(asyncio.to_thread(_checkpoint, conn))
-                await asyncio.shield(running)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            if running is not None and not running.done():
-                # The thread is still checkpointing: never close the connection under it.
-                with contextlib.suppress(Exception):
-                    await running
-            conn.close()
+        self._checkpoint_stop = threading.Event()
+        self._checkpointer = threading.Thread(
+            target=_checkpoint_thread, args=(self.path, interval, self._checkpoint_stop),
+            name="wal-checkpoint", daemon=True)
+        self._checkpointer.start()
 
     async def close(self) -> None:
         if self._checkpointer is not None:
-            self._checkpointer.cancel()
-            with contextlib.suppress(BaseException):
-                await self._checkpointer
+            self._checkpoint_stop.set()
+            await asyncio.to_thread(self._checkpointer.join, 10)
             self._checkpointer = None
         if self._conn is not None:
             with contextlib.suppress(Exception):
@@ -260,9 +248,15 @@ class Database:
         return str(row[0])
 
 
-def _checkpoint(conn: sqlite3.Connection) -> None:
-    with contextlib.suppress(sqlite3.Error):   # busy or locked: the next round does it
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+def _checkpoint_thread(path: str, interval: float, stop: threading.Event) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+        while not stop.wait(interval):
+            with contextlib.suppress(sqlite3.Error):   # busy or locked: the next round does it
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    finally:
+        conn.close()
 
 
 def _rowcount(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> int:
