@@ -184,15 +184,14 @@ class Agent:
             lang = "zh" if is_chinese(turn.text) else "en"
             text += "\n\n" + TRUNCATION_NOTE[lang].format(n=self.max_input_chars)
         await m.sessions.append_assistant(session.id, text)
+        tools = tuple({"name": o.name, "is_error": o.is_error, "result": o.content}
+                      for o in result.tool_outcomes)
         show_tools = getattr(reply, "show_tools", None)   # the console's memory panel
         if show_tools is not None:
-            show_tools([{"name": o.name, "is_error": o.is_error, "result": o.content}
-                        for o in result.tool_outcomes])
+            show_tools(list(tools))
         await reply.finish(text)
         if m.queue is not None:
             m.queue.request(session.id)
-        tools = tuple({"name": o.name, "is_error": o.is_error, "result": o.content}
-                      for o in result.tool_outcomes)
         bound.info("agent.replied", path=blocks.path, iterations=result.iterations,
                    tools=[t["name"] for t in tools], chars=len(text),
                    elapsed_ms=int((time.monotonic() - started) * 1000))
