@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -187,8 +189,10 @@ class EthanApp:
             if s.lark_transport == "ws":
                 from bot.lark.ws import LongConnection
 
+                # Through the proxy: once stopping, a frame is answered 500 (Lark delivers it
+                # again, maybe to another connection) rather than acknowledged unanswered.
                 self.long_connection = LongConnection(app_id=s.lark_app_id, app_secret=s.lark_app_secret,
-                                                      domain=s.lark_domain, intake=self.intake)
+                                                      domain=s.lark_domain, intake=self._intake_proxy())
                 self.long_connection.start(asyncio.get_running_loop())
         await self.queue.start()
         await self.queue.recover()
@@ -366,6 +370,15 @@ class EthanApp:
         await self.stop()
 
 
+FORCE_EXIT_GRACE_S = 10.0
+EXIT_FORCED = 1
+
+
+def _force_exit(reason: str, signal_name: str) -> None:
+    log.warning("app.stop_forced", reason=reason, signal=signal_name, exit_code=EXIT_FORCED)
+    os._exit(EXIT_FORCED)
+
+
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then stop in order."""
     import signal
@@ -373,9 +386,21 @@ async def serve(settings: Settings) -> None:
     app = EthanApp(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():     # a second signal: the operator wants it gone now
+            _force_exit("second signal", sig.name)
+        stop.set()
+        # The stop is bounded by the deadline; whatever hangs past it (a stuck thread, an
+        # interpreter-exit join) must not leave a process that only SIGKILL ends.
+        limit = settings.ethan_shutdown_deadline + FORCE_EXIT_GRACE_S
+        timer = threading.Timer(limit, _force_exit, args=(f"still running {limit:.0f}s after the signal", sig.name))
+        timer.daemon = True
+        timer.start()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
     try:
         await app.start()
     except BaseException:

@@ -7,6 +7,19 @@ import time
 from aiohttp import web
 
 
+def _why_not(ethan, db_ok: bool, transport: dict) -> str:
+    if ethan.closing:
+        return "stopping"
+    if not ethan.ready:
+        return "starting"
+    if not db_ok:
+        return "database closed"
+    if not transport["ready"]:
+        detail = transport.get("reason")
+        return f"{transport['kind']} {transport.get('state', 'not ready')}" + (f": {detail}" if detail else "")
+    return ""
+
+
 def setup_health(web_app: web.Application, ethan) -> None:
     async def healthz(request: web.Request) -> web.Response:
         s = ethan.settings
@@ -17,12 +30,14 @@ def setup_health(web_app: web.Application, ethan) -> None:
             transport = {"kind": "webhook", "ready": ethan.intake is not None}
         else:
             lc = ethan.long_connection
-            transport = {"kind": "ws", "ready": bool(lc and lc.is_connected)}
+            state = lc.status() if lc is not None else {"state": "starting", "reason": "not started"}
+            transport = {"kind": "ws", "ready": bool(lc and lc.is_connected), **state}
         identity = (not s.lark_enabled) or ethan._identity.is_set()
         ready = bool(ethan.ready and db_ok and transport["ready"])
         body = {
             "status": "ok" if ready else "starting" if not ethan.closing else "stopping",
             "ready": ready,
+            "reason": "" if ready else _why_not(ethan, db_ok, transport),
             "database": "open" if db_ok else "closed",
             "transport": transport,
             "bot_identity": identity,

@@ -540,6 +540,7 @@ class FakeLark(ThreadedAiohttpServer):
         self.enforce_chat_qps: int | None = None
         self.invalid_token_status: int = 400
         self.card_streaming_timeout: float = 600.0  # CardKit closes streaming after 10 min
+        self.ws = None  # a FakeLarkWs (tests/fakes/fake_lark_ws.py) answers /callback/ws/endpoint
 
         self._lock = threading.RLock()
         self._calls: list[Call] = []
@@ -783,6 +784,7 @@ class FakeLark(ThreadedAiohttpServer):
             ("POST", r"/open-apis/auth/v3/tenant_access_token/internal/?", "_h_tenant_token", False),
             ("POST", r"/open-apis/auth/v3/app_access_token/internal/?", "_h_app_token", False),
             ("GET", r"/open-apis/bot/v3/info/?", "_h_bot_info", True),
+            ("POST", r"/callback/ws/endpoint", "_h_ws_endpoint", False),
             ("POST", r"/open-apis/im/v1/messages", "_h_create", True),
             ("POST", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)/reply", "_h_reply", True),
             ("PATCH", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)", "_h_patch", True),
@@ -937,6 +939,11 @@ class FakeLark(ThreadedAiohttpServer):
         token = self._issue_token(body)
         return 200, {"code": 0, "msg": "ok", "app_access_token": "a-" + token[2:],
                      "tenant_access_token": token, "expire": self.token_ttl}, {}
+
+    def _h_ws_endpoint(self, call, body):
+        if self.ws is None:
+            return 404, {"code": 404, "msg": "no long-connection server (fake lark)"}, {}
+        return self.ws.endpoint(body)
 
     def _h_bot_info(self, call, body):
         # bot/v3/info puts `bot` at the top level, next to code/msg (no `data` envelope)
