@@ -206,6 +206,20 @@ async def test_healthz_follows_the_connection(server, ws):
     no_tracebacks(srv)
 
 
+async def test_slow_endpoint_discovery_does_not_block_the_app(server, ws, lark):
+    lark.stall_next("/callback/ws/endpoint", 6)               # the SDK's blocking POST hangs
+    srv = server()
+    srv.start()
+    await wait_until(lambda: lark.calls_to("/callback/ws/endpoint"), 30, "the endpoint discovery")
+    status, body = await healthz(srv)                          # answered meanwhile (3 s timeout)
+    assert status == 503 and body["transport"]["state"] == "connecting"
+    body = await wait_health(srv, 200)
+    assert body["transport"]["connects"] == 1
+    code, _ = await srv.terminate()
+    assert code == 0
+    no_tracebacks(srv)
+
+
 async def test_unreachable_domain_is_said_clearly(server):
     srv = server(lark_domain=f"http://127.0.0.1:{free_port()}")      # nothing listens there
     srv.start()
