@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
 # (name, module, title) in report order; each module has run(quick) -> list[str] (Markdown lines)
 BENCHMARKS: list[tuple[str, str, str]] = [
     ("webhook_ack", "bench.bench_webhook_ack", "1. Webhook acknowledgement"),
+    ("ws_ack", "bench.bench_ws_ack", "1b. Long-connection acknowledgement"),
     ("throughput", "bench.bench_throughput", "2. End-to-end throughput"),
     ("context", "bench.bench_context", "3. Context assembly"),
     ("session_search", "bench.bench_session_search", "4. Session search"),
