@@ -370,7 +370,7 @@ class EthanApp:
         await self.stop()
 
 
-FORCE_EXIT_GRACE_S = 10.0
+FORCE_EXIT_GRACE_S = 8.0     # default deadline 20 s + 8 < systemd's TimeoutStopSec=30
 EXIT_FORCED = 1
 
 

@@ -256,6 +256,7 @@ def _sdk_client_class():
             ``_reconnect`` (first a random pause up to ``ReconnectNonce`` s, then up to
             ``ReconnectCount`` tries — forever when negative — ``ReconnectInterval`` s
             apart), for as long as we are not stopped."""
+            self._stop_event = stop
             reason = await self._attempt(1)
             while not stop.is_set():
                 if reason is None:
@@ -281,7 +282,8 @@ def _sdk_client_class():
             """One connection attempt: None when connected, else why not (already logged)."""
             self.owner._set(CONNECTING, attempt=attempt)
             try:
-                await self._open()
+                if not await self._open_unless_stopped():
+                    return "stopping"
             except ClientException as e:
                 raise _GiveUp(f"refused by the server: {e}") from None
             except Exception as e:  # noqa: BLE001 — unreachable, 5xx, handshake, timeout…
@@ -294,6 +296,22 @@ def _sdk_client_class():
                             ping_interval_s=self._ping_interval, reconnect_count=self._reconnect_count,
                             reconnect_interval_s=self._reconnect_interval)
             return None
+
+        async def _open_unless_stopped(self) -> bool:
+            # A stop must not wait for a hung discovery (up to 30 s) or handshake (10 s).
+            opening = asyncio.ensure_future(self._open())
+            stopping = asyncio.ensure_future(self._stop_event.wait())
+            try:
+                await asyncio.wait({opening, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not opening.done():
+                opening.cancel()
+                with contextlib.suppress(BaseException):
+                    await opening
+                return False
+            opening.result()          # raises why it failed
+            return True
 
         async def _pause(self, seconds: float, stop: asyncio.Event) -> bool:
             """Sleep up to ``seconds``; True when stopped meanwhile."""

@@ -220,6 +220,18 @@ async def test_slow_endpoint_discovery_does_not_block_the_app(server, ws, lark):
     no_tracebacks(srv)
 
 
+async def test_sigterm_while_endpoint_discovery_hangs(server, lark):
+    lark.stall_next("/callback/ws/endpoint", 60)
+    srv = server()
+    srv.start()
+    await wait_until(lambda: lark.calls_to("/callback/ws/endpoint"), 30, "the endpoint discovery")
+    await wait_until(lambda: events(srv, "app.ready"), 30, "the app to be up")
+    code, elapsed = await srv.terminate()
+    assert code == 0 and elapsed < DEADLINE
+    assert events(srv, "ws.stopped") and not events(srv, "ws.stop_timeout")
+    no_tracebacks(srv)
+
+
 async def test_unreachable_domain_is_said_clearly(server):
     srv = server(lark_domain=f"http://127.0.0.1:{free_port()}")      # nothing listens there
     srv.start()
