@@ -7,10 +7,11 @@ the real ``lark_oapi.ws.Client`` against the fake long-connection server
   answered through the reply API;
 - a duplicate push gives one reply; a fragmented event (sum/seq) is answered once;
 - the client pings; after the server drops the connection it reconnects (per the server's
-  ClientConfig) and the next event is answered; ``/healthz`` is ready only while connected
-  and says why not (also for an unreachable domain);
-- SIGTERM closes the connection and exits 0 within the deadline, no traceback; a second
-  SIGTERM ends a stop that is still waiting;
+  ClientConfig: count, interval, nonce) and the next event is answered, or gives up as the
+  server says; ``/healthz`` is ready only while connected and says why not (also for an
+  unreachable domain, refused credentials, a discovery that hangs — which blocks nothing);
+- SIGTERM closes the connection and exits 0 within the deadline, no traceback, even while
+  discovery hangs; a second SIGTERM ends a stop that is still waiting;
 - in process: a store failure is answered 500 (Lark redelivers); two connections in one
   process each deliver (nothing process-wide).
 """
@@ -229,6 +230,39 @@ async def test_sigterm_while_endpoint_discovery_hangs(server, lark):
     code, elapsed = await srv.terminate()
     assert code == 0 and elapsed < DEADLINE
     assert events(srv, "ws.stopped") and not events(srv, "ws.stop_timeout")
+    no_tracebacks(srv)
+
+
+async def test_reconnects_as_the_server_config_says_then_gives_up(server, ws):
+    ws.client_config = {"ReconnectCount": 2, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": 2}
+    srv = server()
+    await srv.start_ready()
+    [up] = events(srv, "ws.connected")
+    assert up["reconnect_count"] == 2 and up["ping_interval_s"] == 2     # the server's ClientConfig
+    ws.refuse_connections = True
+    await asyncio.to_thread(ws.drop)
+    await wait_until(lambda: events(srv, "ws.giving_up"), 20, "the client to give up")
+    assert len(events(srv, "ws.connecting")) == 1 + 2                    # first connect + ReconnectCount
+    status, body = await healthz(srv)
+    assert status == 503 and body["transport"]["state"] == "gave_up"
+    assert body["reason"].startswith("ws gave_up: ") and "2 reconnect attempts" in body["reason"]
+    code, _ = await srv.terminate()
+    assert code == 0
+    no_tracebacks(srv)
+
+
+async def test_credentials_refused_by_the_server_give_up_at_once(server, ws):
+    ws.app_secret = "the-real-secret"                                     # ethan sends another
+    srv = server()
+    srv.start()
+    await wait_until(lambda: events(srv, "ws.giving_up"), 30, "the client to give up")
+    [line] = events(srv, "ws.giving_up")
+    assert "refused by the server" in line["reason"] and "app secret invalid" in line["reason"]
+    assert len(events(srv, "ws.connecting")) == 1
+    status, body = await healthz(srv)
+    assert status == 503 and "app secret invalid" in body["reason"]
+    code, _ = await srv.terminate()
+    assert code == 0
     no_tracebacks(srv)
 
 
