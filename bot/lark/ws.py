@@ -201,7 +201,12 @@ class LongConnection:
             return self._count(200)
         if self._app_loop is None or self._app_loop.is_closed():
             return self._count(500)
-        fut = asyncio.run_coroutine_threadsafe(self.intake.accept(raw, body), self._app_loop)
+        coro = self.intake.accept(raw, body)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self._app_loop)
+        except RuntimeError:          # the application loop closed meanwhile
+            coro.close()
+            return self._count(500)
         try:
             await asyncio.wait_for(asyncio.wrap_future(fut), STORE_TIMEOUT)
         except Exception as e:  # noqa: BLE001 — not stored: 500, Lark delivers it again

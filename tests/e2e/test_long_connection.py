@@ -326,7 +326,12 @@ async def test_store_failure_is_answered_500_so_lark_redelivers(tmp_path, lark, 
             await h.app.db.open()
 
 
-async def test_two_connections_in_one_process_each_deliver(tmp_path, lark, ws, model):
+async def test_two_connections_in_one_process_each_deliver(tmp_path, lark, ws, model, monkeypatch):
+    from lark_oapi.ws import client as sdk
+
+    # What importing the SDK inside the running app loop did (the old bug): its module loop is
+    # the app's. Nothing here may care.
+    monkeypatch.setattr(sdk, "loop", asyncio.get_running_loop())
     async with Harness(tmp_path, lark=lark, model=model, lark_transport="ws") as h:
         second = LongConnection(app_id="cli_test", app_secret="test-secret", domain=lark.base_url,
                                 intake=h.app.intake, name="lark-ws-2")
