@@ -4,13 +4,20 @@ A *turn* is one user message and the assistant message(s) stored after it, up to
 the next user message. Per session (``consolidation_state``):
 
 - ``compressed_upto``: last message id folded into a warm summary. Turns after it
-  are *uncompressed*; the last ``hot_size`` of them are the **hot zone** (replayed
-  verbatim), older uncompressed ones are *pending* (waiting for compression).
+  are *uncompressed*, and every one of them is the **hot zone**, replayed verbatim:
+  there is never a hole between what the summaries cover and what is replayed
+  (DESIGN §4). Normally that is between ``hot_size`` and ``hot_size +
+  compress_batch - 1`` turns (the spec's 攒够多少轮再压缩一次).
 - Once the *complete* uncompressed turns reach ``hot_size + compress_batch``, the
   oldest ``compress_batch`` turns are compressed into one **warm** row
   (``warm_summaries``). Only complete turns count (a user message the bot is
   still answering is not one), so compression never touches the turns the
   next request replays.
+- When consolidation is behind or failing, uncompressed turns pile up: they are
+  still replayed verbatim up to ``replay_budget`` (estimated tokens); beyond it the
+  oldest are left out with a visible marker (``TRIMMED``) on the first replayed
+  message and a ``working.replay_trimmed`` warning — never silently. The newest
+  ``hot_size`` turns are always replayed whatever the budget.
 - ``warm_turns`` counts turns absorbed into warm since the last extraction; once
   it reaches ``warm_capacity``, facts are extracted from those turns
   (``extracted_upto``) and the warm rows fold into ``rolling_summary``.
@@ -25,6 +32,7 @@ twice. The consolidation queue drives them; nothing here calls a model.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -34,11 +42,16 @@ from memory.db import Database
 
 REPLAY_CAP = 4000                   # chars per replayed stored message
 TRUNCATED = "…(truncated)"
+# Shown to the model where turns had to be left out (consolidation behind, budget reached).
+TRIMMED = "[…更早的 {n} 轮对话未能回放 / {n} earlier turns not shown…]"
+MAX_REPLAY_TURNS = 200              # bound of the replay query, whatever the budget
 LONG_TERM_TAG = "[长期记忆]"
 SUMMARY_TAG = "[对话摘要]"
 ACK = "好的。"
 GROUP_CHAT_TYPES = frozenset({"group"})
 _MAX_ID = 2**63 - 1
+
+log = logging.getLogger("ethan.working")
 
 # The hot window's user messages: messages_session(session_id, id) walked backwards, LIMITed.
 HOT_IDS_SQL = (
@@ -53,12 +66,15 @@ class StaleWork(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class MemoryConfig:
-    hot_size: int = 10          # turns replayed verbatim
+    hot_size: int = 10          # turns always replayed verbatim (more while compression is due)
     compress_batch: int = 5     # turns per warm summary
     warm_capacity: int = 20     # warm turns absorbed before cold extraction + fold
+    # Estimated tokens of replayed turns beyond the newest hot_size before the oldest are
+    # trimmed (only reached when consolidation is behind: 14 turns of ordinary chat are ~3k).
+    replay_budget: int = 24_000
 
     def __post_init__(self) -> None:
-        if self.hot_size < 1 or self.compress_batch < 1 or self.warm_capacity < 1:
+        if self.hot_size < 1 or self.compress_batch < 1 or self.warm_capacity < 1 or self.replay_budget < 1:
             raise ValueError("MemoryConfig sizes must be >= 1")
 
 
@@ -161,8 +177,8 @@ class ContextView:
 
     long_term: str              # rolling summary ([长期记忆])
     summary: str                # unfolded warm summaries ([对话摘要])
-    hot_turns: list[Turn]       # replayed verbatim
-    pending: int                # uncompressed turns older than the hot zone
+    hot_turns: list[Turn]       # replayed verbatim (every uncompressed turn, up to the budget)
+    pending: int                # uncompressed turns *not* replayed (trimmed: consolidation behind)
     warm_turns: int = 0         # turns absorbed into warm since the last extraction
     warm_rows: int = 0
 
@@ -175,6 +191,19 @@ def cap(text: str, limit: int = REPLAY_CAP) -> str:
 
 def label(text: str, name: str) -> str:
     return f"[{name}] {text}" if name else text
+
+
+def estimate_tokens(text: str) -> int:
+    """A generous token estimate without a tokenizer: ASCII ~4 characters a token, anything
+    else (CJK above all) one token a character. Used for budgets and the prompt-cache
+    minimums, where counting high is the safe side."""
+    ascii_chars = sum(1 for ch in text if ord(ch) < 128)
+    return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)
+
+
+def _turn_tokens(turn: "Turn") -> int:
+    n = estimate_tokens(cap(turn.user_text)) if turn.user is not None else 0
+    return n + sum(estimate_tokens(cap(a.content)) for a in turn.assistant) + 8
 
 
 class WorkingMemory:
@@ -220,17 +249,19 @@ class WorkingMemory:
         before_message_id: int | None = None,
         speaker_name: str = "",
     ) -> list[dict[str, Any]]:
-        """Anthropic messages in the spec's shape:
+        """Messages in the spec's shape (memory/llm.py ``Message`` dicts):
 
         ``[长期记忆]`` pair (rolling summary), ``[对话摘要]`` pair (unfolded warm
-        summaries), the hot turns (roles alternating; consecutive same-role
-        messages merged), then ``current_input``. Pass ``before_message_id`` = the
-        stored current message's id (or leave it None when it is the session's last
+        summaries: one text block each, so a new summary only appends to what earlier
+        requests sent and their cached prefix still matches), every uncompressed turn
+        (roles alternating; consecutive same-role messages merged; see the module
+        docstring for the budget), then ``current_input``. Pass ``before_message_id`` =
+        the stored current message's id (or leave it None when it is the session's last
         message); in group sessions, ``speaker_name`` labels the current input the
         way replayed user messages are labelled (``[Alice] text``).
         """
-        snap = await self.db.read(_snapshot, session_id, before_message_id, self.config.hot_size, False)
-        return _assemble(snap, current_input, speaker_name)
+        snap = await self.db.read(_snapshot, session_id, before_message_id, self.config, False)
+        return self._assembled(session_id, snap, current_input, speaker_name)
 
     async def context_and_view(
         self,
@@ -242,11 +273,21 @@ class WorkingMemory:
     ) -> tuple[list[dict[str, Any]], ContextView]:
         """``build_context(...)`` and ``view(session_id)`` from one read (the agent needs both
         for every message: one round trip instead of two, and one consistent snapshot)."""
-        snap = await self.db.read(_snapshot, session_id, before_message_id, self.config.hot_size, True)
-        return _assemble(snap, current_input, speaker_name), snap.view
+        snap = await self.db.read(_snapshot, session_id, before_message_id, self.config, True)
+        return self._assembled(session_id, snap, current_input, speaker_name), snap.view
+
+    def _assembled(self, session_id: str, snap: "_Snapshot", current_input: str | list[dict[str, Any]],
+                   speaker_name: str) -> list[dict[str, Any]]:
+        if snap.trimmed:
+            # Consolidation is behind (or failing) and the backlog outgrew the budget: the model
+            # is told, and so is the operator — turns are never dropped silently.
+            log.warning("working.replay_trimmed session_id=%s trimmed=%d replayed=%d failures=%d last_error=%s",
+                        session_id, snap.trimmed, len(snap.hot), snap.state.failures,
+                        snap.state.last_error[:120])
+        return _assemble(snap, current_input, speaker_name)
 
     async def view(self, session_id: str) -> ContextView:
-        return await self.db.read(_view, session_id, self.config.hot_size)
+        return await self.db.read(_view, session_id, self.config)
 
     # -- what consolidation is due (pure read) ------------------------------------------
     async def due(self, session_id: str) -> Work | None:
@@ -390,6 +431,7 @@ class _Snapshot:
     warm: list[WarmSummary]
     hot: list[Turn]
     view: ContextView | None
+    trimmed: int = 0            # uncompressed turns left out (over the replay budget)
 
 
 def _assemble(snap: _Snapshot, current_input: str | list[dict[str, Any]], speaker_name: str) -> list[dict[str, Any]]:
@@ -401,14 +443,19 @@ def _assemble(snap: _Snapshot, current_input: str | list[dict[str, Any]], speake
             {"role": "user", "content": f"{LONG_TERM_TAG}\n{state.rolling_summary.strip()}"},
             {"role": "assistant", "content": ACK},
         ]
-    if snap.warm:
-        joined = "\n\n".join(w.summary.strip() for w in snap.warm if w.summary.strip())
-        if joined:
-            messages += [
-                {"role": "user", "content": f"{SUMMARY_TAG}\n{joined}"},
-                {"role": "assistant", "content": ACK},
-            ]
+    summaries = [w.summary.strip() for w in snap.warm if w.summary.strip()]
+    if summaries:
+        # One block per warm row (appending a row keeps the earlier blocks' bytes, so the
+        # prompt cache still matches up to them); a single row stays a plain string.
+        first = f"{SUMMARY_TAG}\n{summaries[0]}"
+        content: str | list[dict[str, Any]] = first if len(summaries) == 1 else (
+            [{"type": "text", "text": first}] + [{"type": "text", "text": s} for s in summaries[1:]])
+        messages += [{"role": "user", "content": content}, {"role": "assistant", "content": ACK}]
+    marker = TRIMMED.format(n=snap.trimmed) if snap.trimmed else ""
     for turn in snap.hot:
+        if marker:
+            _push(messages, "user", marker)
+            marker = ""
         if turn.user is not None and turn.user.content:
             text = cap(turn.user.content)
             _push(messages, "user", label(text, turn.sender_name or turn.sender_id) if group else text)
@@ -534,34 +581,63 @@ def _hot_turns(conn: sqlite3.Connection, session_id: str, before_message_id: int
     return _turns_in(conn, session_id, min(ids) - 1, boundary)
 
 
-def _view(conn: sqlite3.Connection, session_id: str, hot_size: int,
+def _replay(conn: sqlite3.Connection, session_id: str, before_message_id: int | None, state: State,
+            cfg: MemoryConfig) -> tuple[list[Turn], int]:
+    """Every uncompressed turn before the boundary, newest ``hot_size`` always, older ones
+    while their estimated tokens fit ``replay_budget``; returns (turns, how many were left out)."""
+    boundary = _boundary(conn, session_id, before_message_id)
+    ids = _user_ids_desc(conn, session_id, state.compressed_upto, boundary, MAX_REPLAY_TURNS + 1)
+    if not ids:
+        return [], 0
+    beyond = 0
+    if len(ids) > MAX_REPLAY_TURNS:
+        ids = ids[:MAX_REPLAY_TURNS]
+        beyond = _count_user_turns(conn, session_id, state.compressed_upto, min(ids))
+    turns = _turns_in(conn, session_id, min(ids) - 1, boundary)
+    kept: list[Turn] = []
+    tokens = 0
+    for i, turn in enumerate(reversed(turns)):
+        cost = _turn_tokens(turn)
+        if i >= cfg.hot_size and tokens + cost > cfg.replay_budget:
+            break
+        kept.append(turn)
+        tokens += cost
+    kept.reverse()
+    return kept, len(turns) - len(kept) + beyond
+
+
+def _count_user_turns(conn: sqlite3.Connection, session_id: str, after_id: int, before_id: int) -> int:
+    row = conn.execute(
+        "SELECT COUNT(*) AS n FROM (SELECT 1 FROM messages WHERE session_id = ? AND id > ? AND id < ?"
+        " AND role = 'user' AND tool_call_id IS NULL LIMIT 10000)",
+        (session_id, after_id, before_id),
+    ).fetchone()
+    return int(row["n"])
+
+
+def _view(conn: sqlite3.Connection, session_id: str, cfg: MemoryConfig,
           state: State | None = None, warm: list[WarmSummary] | None = None) -> ContextView:
     state = state or _state(conn, session_id)
     warm = _warm(conn, session_id) if warm is None else warm
-    hot = _hot_turns(conn, session_id, _MAX_ID, state, hot_size)
-    row = conn.execute(
-        "SELECT COUNT(*) AS n FROM (SELECT 1 FROM messages WHERE session_id = ? AND id > ?"
-        " AND role = 'user' AND tool_call_id IS NULL LIMIT 10000)",
-        (session_id, state.compressed_upto),
-    ).fetchone()
+    hot, trimmed = _replay(conn, session_id, _MAX_ID, state, cfg)
     return ContextView(
         long_term=state.rolling_summary,
         summary="\n\n".join(w.summary for w in warm),
         hot_turns=hot,
-        pending=max(0, int(row["n"]) - len(hot)),
+        pending=trimmed,
         warm_turns=state.warm_turns,
         warm_rows=len(warm),
     )
 
 
-def _snapshot(conn: sqlite3.Connection, session_id: str, before_message_id: int | None, hot_size: int,
+def _snapshot(conn: sqlite3.Connection, session_id: str, before_message_id: int | None, cfg: MemoryConfig,
               with_view: bool) -> _Snapshot:
     state = _state(conn, session_id)
     meta = _meta(conn, session_id)
     warm = _warm(conn, session_id)
-    hot = _hot_turns(conn, session_id, before_message_id, state, hot_size)
-    view = _view(conn, session_id, hot_size, state, warm) if with_view else None
-    return _Snapshot(state, bool(meta and meta.is_group), warm, hot, view)
+    hot, trimmed = _replay(conn, session_id, before_message_id, state, cfg)
+    view = _view(conn, session_id, cfg, state, warm) if with_view else None
+    return _Snapshot(state, bool(meta and meta.is_group), warm, hot, view, trimmed)
 
 
 def _due(conn: sqlite3.Connection, session_id: str, cfg: MemoryConfig, state: State | None = None) -> Work | None:

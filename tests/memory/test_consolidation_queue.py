@@ -146,8 +146,9 @@ async def test_forty_turns_window_summaries_routing_and_facts(tmp_path, fake):
         for i in range(1, 41):
             text = f"q{i}" + (" I love hiking on weekends" if i == 3 else "")
             ctx = await w.chat(text)
-            # never more than the hot turns plus the two pairs, plus the current input
-            assert len(ctx) <= 2 * hot + 4 + 1, (i, ctx)
+            # never more than the uncompressed turns (at most hot + batch - 1) plus the two
+            # pairs, plus the current input
+            assert len(ctx) <= 2 * (hot + w.config.compress_batch - 1) + 4 + 1, (i, ctx)
             roles = [m["role"] for m in ctx]
             assert roles[0] == "user" and roles[-1] == "user"
             assert all(a != b for a, b in zip(roles, roles[1:]))
@@ -172,14 +173,15 @@ async def test_forty_turns_window_summaries_routing_and_facts(tmp_path, fake):
         ctx = await w.working.build_context(sid, "next")
         assert ctx[0] == {"role": "user", "content": f"{LONG_TERM_TAG}\n{view.long_term}"}
         assert ctx[1] == {"role": "assistant", "content": ACK}
-        assert ctx[2] == {"role": "user",
-                          "content": f"{SUMMARY_TAG}\nSUM(q21,q22,q23,q24,q25)\n\nSUM(q26,q27,q28,q29,q30)"}
+        assert ctx[2] == {"role": "user", "content": [
+            {"type": "text", "text": f"{SUMMARY_TAG}\nSUM(q21,q22,q23,q24,q25)"},
+            {"type": "text", "text": "SUM(q26,q27,q28,q29,q30)"}]}
         assert ctx[3] == {"role": "assistant", "content": ACK}
         assert [m["content"] for m in ctx[4::2]][:hot] == [f"q{i}" for i in range(31, 41)]
         assert len(ctx) == 4 + 2 * hot + 1
         # the chat request the fake saw at turn 40 had the [对话摘要] produced by the fake
         last_chat = fake.chat_requests()[-1].json["messages"]
-        assert last_chat[2]["content"].startswith(SUMMARY_TAG + "\nSUM(")
+        assert user_texts({"messages": last_chat})[1].startswith(SUMMARY_TAG + "\nSUM(")
         # the fact the extraction returned is stored for Alice and injected later
         scope = Scope(user_id="ou_alice", chat_id="oc_p2p", chat_type="p2p")
         top = await w.facts.top(scope)

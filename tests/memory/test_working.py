@@ -62,14 +62,14 @@ def texts(messages):
     return [(m["role"], m["content"]) for m in messages]
 
 
-async def test_hot_zone_is_last_hot_size_turns_and_current_input_once(db, sessions, convo):
+async def test_every_uncompressed_turn_is_replayed_and_current_input_once(db, sessions, convo):
     w = wm(db, sessions)
-    await convo.turns(5)
+    await convo.turns(4)                       # hot 3 + batch 2: compression not due yet
     current = await convo.user("now")          # the caller stores the message first
     ctx = await w.build_context(convo.session_id, "now", before_message_id=current.id)
     assert texts(ctx) == [
-        ("user", "q3"), ("assistant", "a3"), ("user", "q4"), ("assistant", "a4"),
-        ("user", "q5"), ("assistant", "a5"), ("user", "now"),
+        ("user", "q1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2"),
+        ("user", "q3"), ("assistant", "a3"), ("user", "q4"), ("assistant", "a4"), ("user", "now"),
     ]
     # without the id, the trailing unanswered user message is taken as the current input
     assert await w.build_context(convo.session_id, "now") == ctx
@@ -101,12 +101,85 @@ async def test_pairs_come_first_in_spec_shape(db, sessions, convo):
         {"role": "user", "content": f"{SUMMARY_TAG}\nS1: q1 q2"},
         {"role": "assistant", "content": ACK},
     ]
-    # hot = last 3 turns; q3, q4 are pending compression (not replayed)
-    assert texts(ctx[4:]) == [("user", "q5"), ("assistant", "a5"), ("user", "q6"), ("assistant", "a6"),
+    # no hole: q1, q2 are in the summary, every later turn is replayed verbatim
+    assert texts(ctx[4:]) == [("user", "q3"), ("assistant", "a3"), ("user", "q4"), ("assistant", "a4"),
+                              ("user", "q5"), ("assistant", "a5"), ("user", "q6"), ("assistant", "a6"),
                               ("user", "q7"), ("assistant", "a7"), ("user", "now")]
     view = await w.view(convo.session_id)
     assert view.long_term == "LONG" and view.summary == "S1: q1 q2"
-    assert [t.user_text for t in view.hot_turns] == ["q5", "q6", "q7"] and view.pending == 2
+    assert [t.user_text for t in view.hot_turns] == ["q3", "q4", "q5", "q6", "q7"] and view.pending == 0
+
+
+async def test_no_hole_between_summaries_and_replayed_turns(db, sessions, convo):
+    """Compressing whenever it is due, every request covers every earlier turn: the summaries
+    up to compressed_upto, then all later turns verbatim — hot_size..hot_size+batch-1 of them."""
+    cfg = SMALL
+    w = wm(db, sessions, cfg)
+    for i in range(1, 30):
+        current = await convo.user(f"q{i}")
+        ctx = await w.build_context(convo.session_id, f"q{i}", before_message_id=current.id)
+        summarised = [r["summary"] for r in await db.fetchall(
+            "SELECT summary FROM warm_summaries WHERE session_id = ? ORDER BY id", (convo.session_id,))]
+        covered = [q for s in summarised for q in s.split()]
+        replayed = [m["content"] for m in ctx[:-1] if m["role"] == "user" and not str(m["content"]).startswith("[")]
+        assert covered + replayed == [f"q{k}" for k in range(1, i)], (i, covered, replayed)
+        if i > cfg.hot_size:
+            assert cfg.hot_size <= len(replayed) <= cfg.hot_size + cfg.compress_batch - 1, (i, replayed)
+        await convo.bot(f"a{i}")
+        work = await w.due(convo.session_id)
+        if work is not None and work.kind == "compress":
+            turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
+            await w.commit_compression(work, " ".join(t.user_text for t in turns), model="m",
+                                       first_msg_id=turns[0].first_id)
+        elif work is not None:
+            await w.commit_extraction(convo.session_id, after_id=work.after_id, upto_id=work.upto_id,
+                                      writes=[], reset_warm=True)
+
+
+async def test_backlog_is_replayed_up_to_the_budget_then_trimmed_with_a_marker(db, sessions, convo, caplog):
+    """Consolidation failing: nothing is compressed, turns pile up. They are replayed verbatim
+    until the budget; then the oldest are left out — with a marker and a warning, never silently."""
+    import logging
+
+    from memory.working import TRIMMED
+
+    cfg = MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=4, replay_budget=60)
+    w = wm(db, sessions, cfg)
+    for i in range(1, 9):
+        await convo.user(f"question number {i} " + "x" * 40)
+        await convo.bot(f"answer {i}")
+    current = await convo.user("now")
+    with caplog.at_level(logging.WARNING, logger="ethan.working"):
+        ctx = await w.build_context(convo.session_id, "now", before_message_id=current.id)
+    users = [m["content"] for m in ctx if m["role"] == "user"]
+    # the newest hot_size turns always; the budget (60 estimated tokens, ~25 a turn) fits no more
+    assert [u.split("\n\n")[-1].split(" x")[0] for u in users[:-1]] == [
+        "question number 6", "question number 7", "question number 8"]
+    assert users[0].startswith(TRIMMED.format(n=5) + "\n\n")
+    assert "working.replay_trimmed" in caplog.text and "trimmed=5" in caplog.text
+    view = await w.view(convo.session_id)
+    assert view.pending == 6 and len(view.hot_turns) == 3     # the view counts the stored "now" too
+    # a larger budget replays the whole backlog verbatim, no marker
+    roomy = wm(db, sessions, MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=4))
+    ctx = await roomy.build_context(convo.session_id, "now", before_message_id=current.id)
+    assert len([m for m in ctx if m["role"] == "user"]) == 9
+    assert not any("earlier turns not shown" in str(m["content"]) for m in ctx)
+
+
+async def test_warm_summaries_are_one_block_each_so_earlier_ones_keep_their_bytes(db, sessions, convo):
+    w = wm(db, sessions)
+    await convo.turns(9)
+    for _ in range(2):
+        work = await w.due(convo.session_id)
+        turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
+        await w.commit_compression(work, f"S{turns[0].user_text}", model="m", first_msg_id=turns[0].first_id)
+        if _ == 0:
+            one = await w.build_context(convo.session_id, "now")
+            assert one[0] == {"role": "user", "content": f"{SUMMARY_TAG}\nSq1"}
+    two = await w.build_context(convo.session_id, "now")
+    assert two[0] == {"role": "user", "content": [{"type": "text", "text": f"{SUMMARY_TAG}\nSq1"},
+                                                  {"type": "text", "text": "Sq3"}]}
+    assert two[1] == {"role": "assistant", "content": ACK}
 
 
 async def test_group_turns_are_labelled_and_roles_alternate(db, sessions):
