@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 
@@ -301,6 +302,99 @@ async def test_anthropic_prompt_cache_accounting_and_count_tokens(fake_llm, llm)
     count = await llm.messages.count_tokens(model=MODEL, system=system, messages=USER)
     assert count.input_tokens == total and len(fake_llm.count_tokens_requests) == 1
     assert system_text(fake_llm.requests[0].json).endswith("volatile memory")
+
+
+def _cc(text: str) -> dict:
+    return {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}
+
+
+def _convo(turns: int, *, mark_last_stable: bool = True) -> list[dict]:
+    """user/assistant turns, then a current input; a breakpoint on the last assistant block."""
+    msgs: list[dict] = []
+    for i in range(turns):
+        msgs += [{"role": "user", "content": [{"type": "text", "text": f"question {i} " + "q" * 200}]},
+                 {"role": "assistant", "content": [{"type": "text", "text": f"answer {i} " + "a" * 200}]}]
+    if mark_last_stable and msgs:
+        msgs[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return msgs + [{"role": "user", "content": f"now {turns}"}]
+
+
+SYSTEM_4K = [_cc("persona " * 600)]           # 4,800 chars ~ 1,200 tokens
+
+
+async def test_anthropic_cache_minimum_length_is_per_model(fake_llm, llm):
+    """1,200 tokens caches on Sonnet (1,024) but not on Opus 4.5 / Haiku 4.5 (4,096): no error,
+    nothing written, nothing read — the documented behaviour of a too-short prefix."""
+    for model, cached in (("claude-sonnet-4-6", True), ("claude-opus-4-5", False),
+                          ("claude-haiku-4-5", False), ("claude-opus-4-1", True)):
+        a = await llm.messages.create(model=model, max_tokens=8, system=SYSTEM_4K, messages=USER)
+        b = await llm.messages.create(model=model, max_tokens=8, system=SYSTEM_4K, messages=USER)
+        assert (a.usage.cache_creation_input_tokens > 0) is cached, model
+        assert (b.usage.cache_read_input_tokens > 0) is cached, model
+        assert b.usage.cache_read_input_tokens in (0, a.usage.cache_creation_input_tokens)
+        assert b.usage.input_tokens + b.usage.cache_read_input_tokens == fake_llm.requests[-1].input_tokens
+
+
+async def test_anthropic_cache_reads_the_longest_prefix_within_the_20_block_lookback(fake_llm, llm):
+    base = dict(model=MODEL, max_tokens=8, system=SYSTEM_4K)
+    first = await llm.messages.create(**base, messages=_convo(3))
+    assert first.usage.cache_read_input_tokens == 0
+    written = first.usage.cache_creation_input_tokens
+    assert written == fake_llm.requests[-1].input_tokens - first.usage.input_tokens
+    # one more turn: the new breakpoint is 2 blocks past the old entry -> read it, write the rest
+    second = await llm.messages.create(**base, messages=_convo(4))
+    assert second.usage.cache_read_input_tokens == written
+    assert second.usage.cache_creation_input_tokens > 0
+    # twelve turns later the breakpoint is 24 blocks past the last entry: out of the lookback,
+    # only the system's own breakpoint still reads its entry
+    far = await llm.messages.create(**base, messages=_convo(16))
+    assert far.usage.cache_read_input_tokens == math.ceil(len(SYSTEM_4K[0]["text"]) / 4)
+    # ... unless an earlier breakpoint (the system) is within reach of its own entry
+    fake_llm.clear()
+    system = [_cc("persona " * 600), {"type": "text", "text": "memory", "cache_control": {"type": "ephemeral"}}]
+    await llm.messages.create(model=MODEL, max_tokens=8, system=system, messages=_convo(3))
+    changed = _convo(3)
+    changed[0]["content"][0]["text"] = "a different first question"
+    again = await llm.messages.create(model=MODEL, max_tokens=8, system=system, messages=changed)
+    tools_system = await llm.messages.count_tokens(model=MODEL, system=system, messages=[USER[0]])
+    assert 0 < again.usage.cache_read_input_tokens <= tools_system.input_tokens
+    # the same text under the other role is another prefix: only the system part is read
+    fake_llm.clear()
+    await llm.messages.create(**base, messages=_convo(3))
+    swapped = _convo(3)
+    swapped[1]["role"], swapped[0]["role"] = "user", "assistant"
+    swapped.insert(0, {"role": "user", "content": "hi"})
+    miss = await llm.messages.create(**base, messages=swapped)
+    assert miss.usage.cache_read_input_tokens == math.ceil(len(SYSTEM_4K[0]["text"]) / 4)
+
+
+async def test_anthropic_cache_entries_live_five_minutes_from_last_use(fake_llm, llm):
+    base = dict(model=MODEL, max_tokens=8, system=SYSTEM_4K, messages=USER)
+    await llm.messages.create(**base)
+    fake_llm.advance(200)
+    assert (await llm.messages.create(**base)).usage.cache_read_input_tokens > 0    # refreshed
+    fake_llm.advance(200)
+    assert (await llm.messages.create(**base)).usage.cache_read_input_tokens > 0    # 200 s after use
+    fake_llm.advance(301)
+    gone = await llm.messages.create(**base)
+    assert gone.usage.cache_read_input_tokens == 0 and gone.usage.cache_creation_input_tokens > 0
+    hour = dict(base, system=[_cc("an hour " * 700)])
+    hour["system"][0]["cache_control"]["ttl"] = "1h"
+    await llm.messages.create(**hour)
+    fake_llm.advance(1800)
+    assert (await llm.messages.create(**hour)).usage.cache_read_input_tokens > 0
+    fake_llm.caching = False
+    off = await llm.messages.create(**hour)
+    assert off.usage.cache_read_input_tokens == off.usage.cache_creation_input_tokens == 0
+
+
+async def test_anthropic_rejects_the_neutral_cache_marker_on_the_wire(fake_llm, llm):
+    with pytest.raises(anthropic.BadRequestError, match="Extra inputs"):
+        await llm.messages.create(model=MODEL, max_tokens=8, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache": True}]}])
+    with pytest.raises(anthropic.BadRequestError, match="Extra inputs"):
+        await llm.messages.create(model=MODEL, max_tokens=8, messages=USER,
+                                  system=[{"type": "text", "text": "p", "cache": True}])
 
 
 async def test_anthropic_wait_helpers(fake_llm, llm):

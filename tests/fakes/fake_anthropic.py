@@ -39,11 +39,27 @@ Spend limit: :meth:`Error.spend_limit` answers HTTP 429 ``rate_limit_error`` wit
 ``RateLimitError`` whose ``.error_code`` names the cause -- and, because the answer carries
 ``x-should-retry: false``, does not retry it.
 
-``usage.input_tokens`` is a deterministic estimate (ceil(chars / 4) of tools + system +
-messages; see :func:`estimate_tokens`), so a benchmark can compare prompt sizes. Prompt caching
-is simulated: the prefix up to the last ``cache_control`` breakpoint (when at least
-``cache_min_tokens`` long) is reported as ``cache_creation_input_tokens`` the first time and
-``cache_read_input_tokens`` afterwards.
+Token counts are a deterministic estimate (ceil(chars / 4) of tools + system + messages; see
+:func:`estimate_tokens`), so a benchmark can compare prompt sizes. ``RecordedRequest.input_tokens``
+is the whole prompt; the answer's ``usage`` splits it as the real API does:
+``input_tokens`` (not cached) + ``cache_creation_input_tokens`` + ``cache_read_input_tokens``.
+
+Prompt caching follows Anthropic's documented rules (build-with-claude/prompt-caching):
+
+- the prompt is one sequence of blocks, **tools → system → messages** (each tool, each system
+  block, each content block of each message is one block); a block with ``cache_control`` is a
+  **breakpoint**, at most 4 per request (more is a 400);
+- a cache entry is the exact prefix up to and including a breakpoint (hashed with the model);
+  entries are written only at breakpoints whose prefix reaches the model's **minimum cacheable
+  length** (1,024 tokens; 4,096 for Opus 4.5+ and Haiku 4.5; 2,048 for the Haiku 3 family —
+  :func:`cache_min_tokens`; ``fake.cache_min_tokens`` overrides) — a shorter one caches nothing
+  and is no error;
+- at each breakpoint the lookup checks the breakpoint's own position, then up to **20 blocks
+  before it**, for an entry; the longest prefix found anywhere is **read**
+  (``cache_read_input_tokens``); every eligible breakpoint after it is **written**, and the tokens
+  from the read point to the last written breakpoint are ``cache_creation_input_tokens``;
+- an entry lives **5 minutes** (``"ttl": "1h"``: an hour) from its last write or read; each hit
+  refreshes it. ``fake.advance(seconds)`` moves the fake's clock for tests.
 """
 
 from __future__ import annotations
@@ -76,6 +92,7 @@ __all__ = [
     "ToolUse",
     "Turn",
     "default_responder",
+    "cache_min_tokens",
     "estimate_tokens",
     "forced_tool",
     "is_chat",
@@ -272,8 +289,14 @@ def user_texts(req: dict) -> list[str]:
 
 
 def last_user_text(req: dict) -> str:
-    texts = user_texts(req)
-    return texts[-1] if texts else ""
+    """What the user said last: the last text block of the last user message with text (a
+    message may carry context blocks before the user's own words, e.g. recalled episodes)."""
+    for m in reversed(req.get("messages") or []):
+        if m.get("role") == "user":
+            texts = [b.get("text", "") for b in _blocks(m.get("content")) if b.get("type") == "text" and b.get("text")]
+            if texts:
+                return texts[-1]
+    return ""
 
 
 def tool_results(req: dict) -> list[dict]:
@@ -302,33 +325,62 @@ def _serialise_block(b: dict) -> str:
     return json.dumps({k: v for k, v in b.items() if k != "cache_control"}, ensure_ascii=False)
 
 
-def _prompt_pieces(req: dict) -> list[tuple[str, bool]]:
-    """(text, has_cache_control) for tools, system blocks and message blocks, in prompt order."""
-    pieces: list[tuple[str, bool]] = []
+def _prompt_pieces(req: dict) -> list[tuple[str, dict | None]]:
+    """(text, cache_control or None) for tools, system blocks and message blocks, in prompt order."""
+    pieces: list[tuple[str, dict | None]] = []
     for tool in req.get("tools") or []:
         if isinstance(tool, dict):
             body = {k: v for k, v in tool.items() if k != "cache_control"}
-            pieces.append((json.dumps(body, ensure_ascii=False), "cache_control" in tool))
+            pieces.append((json.dumps(body, ensure_ascii=False), _cc(tool)))
     system = req.get("system")
     if isinstance(system, str):
-        pieces.append((system, False))
+        pieces.append((system, None))
     elif isinstance(system, list):
         for b in system:
             if isinstance(b, dict):
-                pieces.append((b.get("text", ""), "cache_control" in b))
+                pieces.append((b.get("text", ""), _cc(b)))
     for m in req.get("messages") or []:
+        # the role is part of what is cached: the same text as user and as assistant differ
+        role = str(m.get("role", ""))
         for b in _blocks(m.get("content")):
-            pieces.append((_serialise_block(b), "cache_control" in b))
+            pieces.append((role + "\x00" + _serialise_block(b), _cc(b)))
     return pieces
+
+
+def _cc(block: dict) -> dict | None:
+    cc = block.get("cache_control")
+    return cc if isinstance(cc, dict) else None
+
+
+# The documented minimum cacheable prefix per model (first match wins; default 1,024).
+CACHE_MINIMUMS: list[tuple[str, int]] = [
+    ("claude-opus-4-5*", 4096), ("claude-opus-4-6*", 4096), ("claude-opus-4-7*", 4096),
+    ("claude-haiku-4-5*", 4096), ("claude-3-5-haiku*", 2048), ("claude-3-haiku*", 2048),
+    ("claude-haiku-3*", 2048),
+]
+CACHE_LOOKBACK = 20           # blocks checked before each breakpoint
+CACHE_TTL = {"5m": 300.0, "1h": 3600.0}
+
+
+def cache_min_tokens(model: str) -> int:
+    import fnmatch
+
+    return next((n for pattern, n in CACHE_MINIMUMS if fnmatch.fnmatchcase(model or "", pattern)), 1024)
 
 
 def _tokens(chars: int) -> int:
     return math.ceil(chars / 4)
 
 
+def _piece_chars(text: str) -> int:
+    # message pieces carry "role\x00" for hashing; the role is not counted as prompt text
+    head, sep, rest = text.partition("\x00")
+    return len(rest) if sep and head in ("user", "assistant") else len(text)
+
+
 def estimate_tokens(req: dict) -> int:
     """Deterministic prompt size: ceil(characters / 4) over tools + system + messages."""
-    return _tokens(sum(len(t) for t, _ in _prompt_pieces(req)))
+    return _tokens(sum(_piece_chars(t) for t, _ in _prompt_pieces(req)))
 
 
 def minimal_instance(schema: Any) -> Any:
@@ -386,7 +438,8 @@ class RecordedRequest:
     kind: str  # "chat" | "tool" | "structured"
     tool: str | None  # the forced tool name, if any
     input_tokens: int  # the estimate reported in usage (uncached + cached parts)
-    answered_with: str = ""  # class name of the response used (Text, ToolUse, Error, ...)
+    answered_with: str = ""
+    usage: dict = field(default_factory=dict)  # the usage the answer reported (cache split included)  # class name of the response used (Text, ToolUse, Error, ...)
     source: str = ""  # "route" | "script" | "responder" | "validation"
 
     @property
@@ -432,13 +485,15 @@ class FakeAnthropic(ThreadedAiohttpServer):
         self.stream_delay: float = 0.0  # seconds between SSE events
         self.stream_chunks: int = 3  # text is split into this many deltas
         self.strict: bool = True  # validate requests like the real API (400 on bad shapes)
-        self.cache_min_tokens: int = 1024  # shortest cacheable prefix (Sonnet/Opus: 1024)
+        self.cache_min_tokens: int | None = None  # None: per model (cache_min_tokens(model))
+        self.caching: bool = True  # False: cache_control is accepted and ignored (nothing cached)
+        self._clock_offset = 0.0
         self._lock = threading.RLock()
         self._script: deque = deque()
         self._routes: list[tuple[Callable[[dict], bool], Any]] = []
         self._requests: list[RecordedRequest] = []
         self._count_requests: list[RecordedRequest] = []
-        self._cache_keys: set[str] = set()
+        self._cache: dict[str, tuple[float, float]] = {}  # prefix hash -> (expires_at, ttl)
         self._ids = itertools.count(1)
 
     # ---- scripting ----------------------------------------------------------------------
@@ -496,7 +551,16 @@ class FakeAnthropic(ThreadedAiohttpServer):
             self._routes.clear()
             self._requests.clear()
             self._count_requests.clear()
-            self._cache_keys.clear()
+            self._cache.clear()
+
+    def now(self) -> float:
+        """The fake's clock (monotonic, moved by :meth:`advance`): cache entries expire on it."""
+        return time.monotonic() + self._clock_offset
+
+    def advance(self, seconds: float) -> None:
+        """Move the fake's clock forward, e.g. past the 5-minute cache TTL."""
+        with self._lock:
+            self._clock_offset += seconds
 
     # ---- inspection ---------------------------------------------------------------------
     @property
@@ -701,6 +765,14 @@ class FakeAnthropic(ThreadedAiohttpServer):
             raise _Invalid("tool_choice may only be specified while providing tools.")
         if forced_tool(req) is not None and forced_tool(req) not in names:
             raise _Invalid(f"tool_choice: tool '{forced_tool(req)}' was not found in tools")
+        system = req.get("system")
+        for i, b in enumerate(system if isinstance(system, list) else []):
+            if isinstance(b, dict) and "cache" in b:
+                raise _Invalid(f"system.{i}.cache: Extra inputs are not permitted")
+        for i, m in enumerate(req.get("messages") or []):
+            for j, b in enumerate(_blocks(m.get("content")) if isinstance(m, dict) else []):
+                if "cache" in b:
+                    raise _Invalid(f"messages.{i}.content.{j}.{b.get('type')}.cache: Extra inputs are not permitted")
         breakpoints = sum(1 for _, cc in _prompt_pieces(req) if cc)
         if breakpoints > 4:
             raise _Invalid(f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}.")
@@ -748,23 +820,44 @@ class FakeAnthropic(ThreadedAiohttpServer):
 
     # ---- answering ----------------------------------------------------------------------
     def _usage(self, req: dict, output_tokens: int) -> dict:
+        """The usage block, prompt caching simulated by the documented rules (module docstring)."""
         pieces = _prompt_pieces(req)
-        total = _tokens(sum(len(t) for t, _ in pieces))
-        last_bp = max((i for i, (_, cc) in enumerate(pieces) if cc), default=-1)
-        created = read = 0
-        if last_bp >= 0:
-            prefix = pieces[: last_bp + 1]
-            prefix_tokens = _tokens(sum(len(t) for t, _ in prefix))
-            if prefix_tokens >= self.cache_min_tokens:
-                key = hashlib.sha256(
-                    (req.get("model", "") + "\x00" + "\x00".join(t for t, _ in prefix)).encode()).hexdigest()
-                with self._lock:
-                    hit = key in self._cache_keys
-                    self._cache_keys.add(key)
-                if hit:
-                    read = prefix_tokens
-                else:
-                    created = prefix_tokens
+        model = str(req.get("model", ""))
+        chars = 0
+        cum: list[int] = []          # tokens of the prefix up to and including block i
+        keys: list[str] = []
+        h = hashlib.sha256(("model\x00" + model).encode())
+        for text, _ in pieces:
+            chars += _piece_chars(text)
+            cum.append(_tokens(chars))
+            h.update(b"\x01" + text.encode())
+            keys.append(h.copy().hexdigest())
+        total = _tokens(chars)
+        breakpoints = [i for i, (_, cc) in enumerate(pieces) if cc]
+        minimum = self.cache_min_tokens if self.cache_min_tokens is not None else cache_min_tokens(model)
+        read_at = written_to = -1
+        if self.caching and breakpoints:
+            with self._lock:
+                now = self.now()
+                for k in [k for k, (exp, _) in self._cache.items() if exp <= now]:
+                    del self._cache[k]
+                for b in breakpoints:
+                    for j in range(b, max(-1, b - CACHE_LOOKBACK - 1), -1):
+                        if keys[j] in self._cache:
+                            read_at = max(read_at, j)
+                            break
+                if read_at >= 0:
+                    _, ttl = self._cache[keys[read_at]]
+                    if pieces[read_at][1]:      # asked again at the same breakpoint: the longer TTL
+                        ttl = max(ttl, CACHE_TTL.get(str(pieces[read_at][1].get("ttl", "5m")), ttl))
+                    self._cache[keys[read_at]] = (now + ttl, ttl)
+                for b in breakpoints:
+                    if b > read_at and cum[b] >= minimum:
+                        ttl = CACHE_TTL.get(str(pieces[b][1].get("ttl", "5m")), CACHE_TTL["5m"])
+                        self._cache[keys[b]] = (now + ttl, ttl)
+                        written_to = b
+        read = cum[read_at] if read_at >= 0 else 0
+        created = cum[written_to] - read if written_to > read_at else 0
         return {
             "input_tokens": total - created - read,
             "cache_creation_input_tokens": created,
@@ -822,6 +915,7 @@ class FakeAnthropic(ThreadedAiohttpServer):
         else:
             blocks, stop = self._content(response)
         usage = self._usage(req, self._output_tokens(blocks))
+        rec.usage = usage
         msg_id = f"msg_fake_{next(self._ids)}"
         message = {"id": msg_id, "type": "message", "role": "assistant", "model": req.get("model"),
                    "content": blocks, "stop_reason": stop, "stop_sequence": None,
