@@ -487,11 +487,27 @@ def confirmation(messages: list[dict], lang: str) -> str:
 # --------------------------------------------------------------------------------------
 
 def _last_user_text(messages: list[dict]) -> str:
+    """The user's own words: the last text block of the last user message with text (context
+    that changes every message — recalled episodes, the date — rides in blocks before it)."""
     for m in reversed(messages):
         if isinstance(m, dict) and m.get("role") == "user":
-            text = _text_of(m.get("content"))
+            content = m.get("content")
+            texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
+                     and isinstance(b.get("text"), str) and b["text"].strip()] if isinstance(content, list) else []
+            text = texts[-1] if texts else _text_of(content)
             if text.strip():
                 return text
+    return ""
+
+
+def _volatile_context(messages: list[dict]) -> str:
+    """The context blocks in front of the user's words in the last user message."""
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), list):
+            texts = [b.get("text", "") for b in m["content"] if isinstance(b, dict) and b.get("type") == "text"]
+            if len(texts) > 1:
+                return "\n\n".join(texts[:-1])
+            return ""
     return ""
 
 
@@ -510,6 +526,9 @@ def respond(body: dict) -> tuple[list[dict], str]:
 
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     system = system_text(body.get("system"))
+    context = _volatile_context(messages)
+    if context:
+        system += "\n\n" + context       # read like the system prompt's blocks (same fencing)
     rules = memory_rules(system)
     if messages and messages[-1].get("role") == "user" and _blocks(messages[-1].get("content"), "tool_result"):
         speaker, question = _label_split(_last_user_text(messages))

@@ -17,15 +17,19 @@ class ModelCaps:
     structured_outputs: bool = True     # output_config.format json_schema accepted
     retired_on: str = ""                # ISO date the model reached end of life
     successor: str = ""                 # what to use instead once retired
+    cache_min_tokens: int = 1024        # shortest prompt prefix the provider caches (Anthropic docs)
 
 
 # First match wins; patterns are fnmatch-style on the model id.
 CAPABILITIES: list[tuple[str, ModelCaps]] = [
     ("claude-sonnet-4-5*", ModelCaps(retired_on="2026-11-30", successor="claude-sonnet-4-6")),
-    ("claude-opus-4-7*", ModelCaps(forced_tool_use=False, sampling_params=False)),
-    ("claude-opus-4-6*", ModelCaps(forced_tool_use=False, sampling_params=False)),
+    ("claude-opus-4-7*", ModelCaps(forced_tool_use=False, sampling_params=False, cache_min_tokens=4096)),
+    ("claude-opus-4-6*", ModelCaps(forced_tool_use=False, sampling_params=False, cache_min_tokens=4096)),
+    ("claude-opus-4-5*", ModelCaps(cache_min_tokens=4096)),
     ("claude-opus-*", ModelCaps()),
     ("claude-sonnet-*", ModelCaps()),
+    ("claude-haiku-4-5*", ModelCaps(cache_min_tokens=4096)),
+    ("claude-3-5-haiku*", ModelCaps(cache_min_tokens=2048)),
     ("claude-haiku-*", ModelCaps()),
     ("ethan-offline*", ModelCaps()),
 ]

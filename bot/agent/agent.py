@@ -10,6 +10,7 @@ Consolidation is requested afterwards and runs off the reply path.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 import time
@@ -18,7 +19,7 @@ from typing import Any, Callable
 
 from bot.agent.loop import run_loop
 from bot.agent.model import ChatModel, ModelFailure
-from bot.agent.prompt import MemoryBlocks, build_system, unique_facts
+from bot.agent.prompt import MemoryBlocks, build_system, mark_cache, unique_facts, volatile_context, with_context
 from bot.agent.router import route
 from bot.log import get_logger
 from bot.reply import Reply
@@ -159,7 +160,11 @@ class Agent:
         show = getattr(reply, "show_memory", None)   # the console's memory panel
         if show is not None:
             show(blocks)
-        system = build_system(blocks, today=dt.date.today().isoformat())
+        # Stable first, volatile last (prompt.py): the episodes and the date ride in front of
+        # the user's words, after every cached part; breakpoints where the prefix is cacheable.
+        system = build_system(blocks)
+        messages = with_context(messages, volatile_context(blocks, today=dt.date.today().isoformat()))
+        system, messages = mark_cache(system, messages, TOOL_SPECS, model=model_name)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text)
         self.calls += 1
@@ -189,11 +194,17 @@ class Agent:
         show_tools = getattr(reply, "show_tools", None)   # the console's memory panel
         if show_tools is not None:
             show_tools(list(tools))
+        if show is not None and result.usage:
+            # the panel again, now with what the cache served: cached / written / uncached input
+            show(dataclasses.replace(blocks, usage=dict(result.usage)))
         await reply.finish(text)
         if m.queue is not None:
             m.queue.request(session.id)
         bound.info("agent.replied", path=blocks.path, iterations=result.iterations,
                    tools=[t["name"] for t in tools], chars=len(text),
+                   input_tokens=result.usage.get("input_tokens", 0),
+                   cache_read_tokens=result.usage.get("cache_read_tokens", 0),
+                   cache_write_tokens=result.usage.get("cache_write_tokens", 0),
                    elapsed_ms=int((time.monotonic() - started) * 1000))
         return AgentResult(text, True, session.id, blocks, iterations=result.iterations,
                            tools=tools, usage=result.usage)

@@ -105,6 +105,26 @@ def retry_after_seconds(exc: BaseException) -> float | None:
     return None
 
 
+def to_wire(system: list[dict], messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The port's prompt-cache marker (``"cache": True``, memory/llm.py) as Anthropic's
+    ``cache_control: {"type": "ephemeral"}``; copies, the caller's blocks are left alone."""
+    def block(b: Any) -> Any:
+        if not isinstance(b, dict) or "cache" not in b:
+            return b
+        out = {k: v for k, v in b.items() if k != "cache"}
+        if b["cache"]:
+            out["cache_control"] = {"type": "ephemeral"}
+        return out
+
+    wire_messages = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list) and any(isinstance(b, dict) and "cache" in b for b in content):
+            m = {**m, "content": [block(b) for b in content]}
+        wire_messages.append(m)
+    return [block(b) for b in system], wire_messages
+
+
 def make_client(*, api_key: str, base_url: str | None, stall_timeout: float = 30.0) -> anthropic.AsyncAnthropic:
     """One client for the process: pooled connections, explicit timeout, our own retries.
 
@@ -153,6 +173,7 @@ class AnthropicChatModel:
                 raise failure from e
 
     async def _stream(self, system, messages, tools, on_text) -> ModelTurn:
+        system, messages = to_wire(system, messages)
         kwargs: dict[str, Any] = dict(model=self.name, max_tokens=self.max_tokens,
                                       system=system, messages=messages)
         if tools:
@@ -164,7 +185,7 @@ class AnthropicChatModel:
         text = ""
         stop_reason: str | None = None
         model = self.name
-        usage = {"input_tokens": 0, "output_tokens": 0}
+        usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
         stream = await self.client.messages.create(stream=True, **kwargs)
         async with stream:
             async for ev in stream:
@@ -188,9 +209,23 @@ class AnthropicChatModel:
                         blocks[ev.index]["input"] = json.loads(raw)
                 elif kind == "message_start":
                     model = ev.message.model or model
-                    usage["input_tokens"] = getattr(ev.message.usage, "input_tokens", 0) or 0
+                    _take_usage(usage, ev.message.usage)
                 elif kind == "message_delta":
                     stop_reason = ev.delta.stop_reason or stop_reason
-                    usage["output_tokens"] = getattr(ev.usage, "output_tokens", 0) or 0
+                    _take_usage(usage, ev.usage)   # cumulative counts, where the API sends them
         return ModelTurn(content=[b for b in blocks if b], stop_reason=stop_reason or "end_turn",
                          model=model, usage=usage)
+
+
+_USAGE_FIELDS = (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
+                 ("cache_read_input_tokens", "cache_read_tokens"),
+                 ("cache_creation_input_tokens", "cache_write_tokens"))
+
+
+def _take_usage(usage: dict[str, int], wire: Any) -> None:
+    """Copy the stream's usage counts (message_start has the input side, message_delta the
+    output and, on newer API versions, the input side again); absent fields change nothing."""
+    for src, dst in _USAGE_FIELDS:
+        value = getattr(wire, src, None)
+        if value is not None:
+            usage[dst] = int(value)

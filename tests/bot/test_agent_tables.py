@@ -53,7 +53,7 @@ def test_memory_is_fenced_as_data():
 
 def test_sections_only_when_non_empty_and_stable_prefix_first():
     system = build_system(MemoryBlocks())
-    assert len(system) == 1 and system[0]["cache_control"] == {"type": "ephemeral"}
+    assert len(system) == 1 and "cache" not in system[0] and "cache_control" not in system[0]
     for tag in ("memory_context", "user_profile", "behavioral_guidelines", "related_episodes"):
         assert f"<{tag}>" not in system[0]["text"]
     with_facts = build_system(MemoryBlocks(facts=(F(1, "likes tea"),)))

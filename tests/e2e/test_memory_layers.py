@@ -28,6 +28,14 @@ async def test_restart_keeps_the_conversation_and_its_history(tmp_path):
         assert len(rows) == 1                            # same session continues
 
 
+def _context_blocks(req) -> str:
+    """The text in front of the user's words in the last user message (volatile context)."""
+    content = req.json["messages"][-1]["content"]
+    if isinstance(content, str):
+        return ""
+    return "\n".join(b.get("text", "") for b in content[:-1] if b.get("type") == "text")
+
+
 def _summary(req):
     return {"summary": "讨论了 Falcon 项目从 Python 迁移到 Go 的计划和风险"}
 
@@ -53,11 +61,16 @@ async def test_new_writes_an_episode_that_a_later_session_recalls(tmp_path):
         assert len(await h.app.db.fetchall("SELECT id FROM episodes")) == 1
         # A later message on the same topic brings it back; Bob never sees it.
         await _say(h, "上次我们聊的 Falcon 项目迁移到 Go 的风险，你还记得吗？", **ALICE)
-        system = h.model.last_system_text(h.model.chat_requests()[-1])
-        assert "<related_episodes>" in system and "Falcon" in system
+        # recalled episodes change with every message: they ride in front of the user's words,
+        # after the cached prefix (DESIGN §3), fenced as in the system prompt
+        req = h.model.chat_requests()[-1]
+        context = _context_blocks(req)
+        assert "<related_episodes>" in context and "Falcon" in context
+        assert "<related_episodes>" not in h.model.last_system_text(req)
         await _say(h, "上次我们聊的 Falcon 项目迁移到 Go 的风险，你还记得吗？",
                    chat_id="oc_p2p_bob", sender="ou_bob")
-        assert "<related_episodes>" not in h.model.last_system_text(h.model.chat_requests()[-1])
+        req = h.model.chat_requests()[-1]
+        assert "<related_episodes>" not in _context_blocks(req) + h.model.last_system_text(req)
 
 
 async def test_group_requests_never_carry_the_psychology_section(tmp_path):

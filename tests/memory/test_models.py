@@ -54,3 +54,13 @@ def test_retired_model_replaced_by_successor():
     assert effective_model("claude-sonnet-4-5", "2026-11-30") == "claude-sonnet-4-6"
     assert effective_model("claude-sonnet-4-6", "2030-01-01") == "claude-sonnet-4-6"
     assert effective_model("unknown-x", "2030-01-01") == "unknown-x"
+
+
+@pytest.mark.parametrize("model, minimum", [
+    ("claude-sonnet-4-6", 1024), ("claude-sonnet-4-5-20250929", 1024), ("claude-opus-4-1", 1024),
+    ("claude-opus-4-5", 4096), ("claude-opus-4-6", 4096), ("claude-opus-4-7", 4096),
+    ("claude-haiku-4-5", 4096), ("claude-3-5-haiku-latest", 2048), ("some-local-model", 1024),
+])
+def test_minimum_cacheable_prompt_per_model(model, minimum):
+    """The documented minimum prefix Anthropic caches (prompt.py places no breakpoint below it)."""
+    assert caps(model).cache_min_tokens == minimum
