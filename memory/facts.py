@@ -8,12 +8,16 @@ the user enters in the console (``user_edit``), are ``shared``.
 Confidence on ``add`` (an explicit ``confidence=`` argument, 0..1, always wins — imports use it):
 
 * ``user_edit`` 1.0; ``agent_proactive`` (the ``memory_write`` tool) 0.95;
-* ``consolidator`` 0.8 by default, raised for strong signals (the spec's 强信号加权):
-  ``importance`` (the extractor's 0..1 score) >= 0.9 → 0.95, >= 0.7 → 0.9;
-  ``user_text`` (the user's own words the fact came from) containing one of ``STRONG_SIGNALS``
-  (记住 / 别忘 / 纠正 / 偏好 / 一定要 / 务必 / 永远 / 以后都 …, remember / don't forget /
-  correct / prefer / always / never / make sure / from now on …) → 0.9, two or more different
-  ones → 0.95. The highest of these applies; it is never below 0.8.
+* ``consolidator``: the spec's bands, scaled by ``importance`` (the extractor's 0..1 score,
+  which its prompt anchors at 0.8 for an ordinary fact, 0.9–0.95 for a strong signal):
+  - ordinary (importance below 0.9, or none given): **0.8** — an importance under 0.8 scales
+    it down linearly to 0.7 at ``MIN_IMPORTANCE`` (a fact the extractor itself doubts ranks
+    below the ones it does not), never above 0.8;
+  - strong (importance 0.9–0.95, the spec's 强信号加权): **0.9–0.95**, importance itself,
+    capped at 0.95; also ``user_text`` (the user's own words the fact came from) containing one
+    of ``STRONG_SIGNALS`` (记住 / 别忘 / 纠正 / 偏好 / 一定要 / 务必 / 永远 / 以后都 …, remember /
+    don't forget / correct / prefer / always / never / make sure / from now on …) → 0.9, two or
+    more different ones → 0.95. The highest of these applies.
 
 Matching a new fact against the user's active facts (one pass, in ``add``). Texts are compared
 twice: as written (``similarity.normalise`` + bigram Dice), and as a *skeleton* — with negation
@@ -87,9 +91,13 @@ _AUTHORITY = {"consolidator": 0, "agent_proactive": 1, "user_edit": 2}
 DEFAULT_CAPACITY = 500
 MAX_CONTENT_CHARS = 500
 MIN_CONFIDENCE = 0.3          # injection threshold
-EXTRACTED_CONFIDENCE = 0.8    # consolidator default
-STRONG_CONFIDENCE = 0.9       # one strong signal / importance >= 0.7
-STRONGEST_CONFIDENCE = 0.95   # two strong signals / importance >= 0.9
+EXTRACTED_CONFIDENCE = 0.8    # consolidator default (the ordinary band's top)
+ORDINARY_FLOOR = 0.7          # the ordinary band's bottom, at MIN_IMPORTANCE
+MIN_IMPORTANCE = 0.3          # below it the queue keeps no fact at all
+ORDINARY_IMPORTANCE = 0.8     # the extractor's score for an ordinary durable fact
+STRONG_IMPORTANCE = 0.9       # the extractor's score for a strong signal
+STRONG_CONFIDENCE = 0.9       # one strong signal / importance 0.9
+STRONGEST_CONFIDENCE = 0.95   # two strong signals / importance >= 0.95
 PROACTIVE_CONFIDENCE = 0.95   # memory_write
 USER_EDIT_CONFIDENCE = 1.0
 REINFORCE_STEP = 0.05
@@ -208,16 +216,18 @@ def initial_confidence(source: str, *, user_text: str = "", importance: float | 
         return PROACTIVE_CONFIDENCE
     conf = EXTRACTED_CONFIDENCE
     if importance is not None:
-        if importance >= 0.9:
-            conf = max(conf, STRONGEST_CONFIDENCE)
-        elif importance >= 0.7:
-            conf = max(conf, STRONG_CONFIDENCE)
+        imp = min(1.0, max(0.0, float(importance)))
+        if imp >= STRONG_IMPORTANCE:
+            conf = min(STRONGEST_CONFIDENCE, imp)
+        elif imp < ORDINARY_IMPORTANCE:
+            share = max(0.0, imp - MIN_IMPORTANCE) / (ORDINARY_IMPORTANCE - MIN_IMPORTANCE)
+            conf = ORDINARY_FLOOR + (EXTRACTED_CONFIDENCE - ORDINARY_FLOOR) * share
     n = len(strong_signals(user_text))
     if n >= 2:
         conf = max(conf, STRONGEST_CONFIDENCE)
     elif n == 1:
         conf = max(conf, STRONG_CONFIDENCE)
-    return conf
+    return round(conf, 4)
 
 
 def reinforced_confidence(old: float, new: float) -> float:

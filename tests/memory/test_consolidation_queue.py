@@ -187,6 +187,7 @@ async def test_forty_turns_window_summaries_routing_and_facts(tmp_path, fake):
         top = await w.facts.top(scope)
         assert [f.content for f in top] == ["用户喜欢徒步"]
         assert top[0].source == "consolidator"
+        assert top[0].confidence == 0.8          # ordinary extraction (importance 0.85): the 0.8 band
         extract_req = consolidation_calls(fake, "extract")[0]
         sent = user_texts(extract_req.json)[0]
         assert "hiking" in sent and "echo:" not in sent           # user lines only, never the bot's

@@ -66,21 +66,39 @@ async def test_confidence_by_source_and_provenance(store):
     assert f.confidence == 0.42
 
 
-def test_strong_signals_raise_extracted_confidence():
+def test_ordinary_extraction_band_is_0_8_scaled_down_by_importance():
+    """The spec's 默认提炼 80%: an ordinary fact starts at 0.8 — not 0.9, which a 「记住」 gets."""
     assert initial_confidence("consolidator") == 0.8
     assert initial_confidence("consolidator", user_text="今天天气不错") == 0.8
+    assert initial_confidence("consolidator", importance=0.8) == 0.8      # the extractor's "ordinary"
+    assert initial_confidence("consolidator", importance=0.85) == 0.8     # never above the band
+    assert initial_confidence("consolidator", importance=0.89) == 0.8
+    assert initial_confidence("consolidator", importance=0.55) == 0.75    # scaled within the band
+    assert initial_confidence("consolidator", importance=0.3) == 0.7
+    assert initial_confidence("consolidator", importance=0.0) == 0.7
+    ordinary = [initial_confidence("consolidator", importance=i / 100) for i in range(30, 90)]
+    assert ordinary == sorted(ordinary) and 0.7 <= min(ordinary) <= max(ordinary) <= 0.8
+
+
+def test_strong_signal_band_is_0_9_to_0_95():
+    """强信号加权: the extractor's importance 0.9–0.95, or 记住 / 纠正 / 偏好 in the user's words."""
+    assert initial_confidence("consolidator", importance=0.9) == 0.9
+    assert initial_confidence("consolidator", importance=0.93) == 0.93
+    assert initial_confidence("consolidator", importance=0.95) == 0.95
+    assert initial_confidence("consolidator", importance=1.0) == 0.95     # capped: 1.0 is the user's own
     assert initial_confidence("consolidator", user_text="记住，我喝咖啡不加糖") == 0.9
     assert initial_confidence("consolidator", user_text="记住，回复一定要用中文") == 0.95
     assert initial_confidence("consolidator", user_text="Please remember I use vim") == 0.9
     assert initial_confidence("consolidator", user_text="Remember: I always use vim") == 0.95
     assert initial_confidence("consolidator", user_text="I prefer tea") == 0.9
-    assert initial_confidence("consolidator", importance=0.5) == 0.8
-    assert initial_confidence("consolidator", importance=0.75) == 0.9
-    assert initial_confidence("consolidator", importance=0.95) == 0.95
     assert initial_confidence("consolidator", user_text="记住", importance=0.2) == 0.9
+    assert initial_confidence("consolidator", user_text="记住", importance=0.94) == 0.94
+
+
+def test_proactive_and_user_edit_are_fixed():
     # fixed for the tool and the user's own edits, whatever the words
     assert initial_confidence("agent_proactive", user_text="hello") == 0.95
-    assert initial_confidence("agent_proactive", user_text="记住！一定要！") == 0.95
+    assert initial_confidence("agent_proactive", user_text="记住！一定要！", importance=0.3) == 0.95
     assert initial_confidence("user_edit") == 1.0
 
 
