@@ -97,3 +97,23 @@ async def test_consecutive_requests_are_served_from_the_prompt_cache(tmp_path):
         # the date travels with the current input, after every cached part
         assert re.search(r"Today is \d{4}-\d\d-\d\d\.", chats[-1].json["messages"][-1]["content"][0]["text"])
         assert "Today is" not in h.model.last_system_text(chats[-1])
+
+
+async def test_console_panel_reports_cached_written_and_uncached_input_per_answer(tmp_path):
+    async with Harness(tmp_path) as h:
+        h.model.responder = lambda req: Text("sure: " + "y" * 300) if is_chat(req) else default_responder(req)
+        bodies = []
+        for i in range(4):
+            async with h.http.post(h.url + "/api/playground", json={
+                    "user_id": "ou_alice", "name": "Alice", "chat": "p2p", "mention": True,
+                    "text": f"playground question {i}: " + "explain prompt caching please " * 10}) as r:
+                assert r.status == 200
+                bodies.append(await r.json())
+        chats = h.model.chat_requests()
+        for body, req in zip(bodies, chats):
+            tokens = body["memory"]["tokens"]
+            # exactly what the model API reported for this answer
+            assert tokens == {"cached": req.usage["cache_read_input_tokens"],
+                              "written": req.usage["cache_creation_input_tokens"],
+                              "uncached": req.usage["input_tokens"], "output": req.usage["output_tokens"]}
+        assert bodies[-1]["memory"]["tokens"]["cached"] > bodies[-1]["memory"]["tokens"]["uncached"] > 0

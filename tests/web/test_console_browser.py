@@ -82,6 +82,9 @@ def test_playground_answer_and_memory_panel(served, page):
     assert panel.locator(".mem-section", has_text="Facts").locator("li .content").all_inner_texts() == ["用户喜欢喝咖啡"]
     assert "path medium" in panel.locator(".badges").inner_text()
     assert panel.locator(".mem-section", has_text="Rules").locator(".count").inner_text() == "0"
+    # per answer: input tokens read from the prompt cache, written to it, not cached
+    tokens = panel.locator(".tokens").inner_text()
+    assert "cached" in tokens and "written" in tokens and "uncached" in tokens
     # the session link opens the transcript
     ex.locator(".msg.bot .meta a").click()
     page.wait_for_url("**/sessions/*")

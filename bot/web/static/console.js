@@ -222,6 +222,16 @@
       el("span", { className: "badge", title: "mode", text: "mode " + m.mode }),
       el("span", { className: "badge", title: "hot turns replayed verbatim", text: m.hot_turns + " hot turns" })
     ]));
+    if (m.tokens) {
+      // what the provider's prompt cache served for this answer (all its model calls)
+      var t = m.tokens, input = t.cached + t.written + t.uncached;
+      panel.appendChild(el("div", { className: "tokens", title: "input tokens of this answer: read from the prompt cache (0.1× price) · written to it (1.25×) · not cached (1×)" }, [
+        el("span", { className: "tok cached", text: t.cached + " cached" }),
+        el("span", { className: "tok written", text: t.written + " written" }),
+        el("span", { className: "tok uncached", text: t.uncached + " uncached" }),
+        el("span", { className: "tok share", text: input ? Math.round(100 * t.cached / input) + "% of " + input + " input tokens from cache" : "no input tokens reported" })
+      ]));
+    }
     var list = el("ul", { className: "facts" }, facts.map(function (f) {
       return el("li", { "data-fact-id": f.id }, [
         el("span", { className: "content", text: f.content }),
