@@ -37,6 +37,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("prompt_size", "bench.bench_prompt_size", "5. Prompt size over a long conversation"),
     ("consolidation_latency", "bench.bench_consolidation_latency", "6. Reply latency under consolidation"),
     ("footprint", "bench.bench_footprint", "7. Memory footprint"),
+    ("cost", "bench.bench_cost", "8. Prompt-cache cost"),
 ]
 
 

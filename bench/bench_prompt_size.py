@@ -195,7 +195,7 @@ async def _run(quick: bool) -> list[str]:
         "### 5. Prompt size over a long conversation",
         "",
         f"One user, {turns} turns through `Agent.respond` with consolidation running against the fake model "
-        f"(hot zone 10 turns, warm batches of 5, extraction + fold every 20 warm turns). Input tokens per chat "
+        f"(every turn since the last compression replayed: 10–14, warm batches of 5, extraction + fold every 20 warm turns). Input tokens per chat "
         f"request as the fake model counted them (chars ÷ 4 over tools + system + messages). Baseline: the same "
         "persona and tools with the full history. Single run: the counts are deterministic (seeded).",
         "",
