@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.fakes.fake_anthropic import Text
+from tests.fakes.fake_anthropic import Text, last_user_text
 from tests.fakes.lark_events import load_fixture, make_text_event
 from tests.harness import Harness
 
@@ -129,5 +129,6 @@ async def test_group_turns_are_labelled_by_speaker_and_memory_is_the_speakers(tm
         texts = h.model.user_texts(req)
         # Replayed and current turns carry their speaker's label.
         assert texts[0].startswith("[") and "我负责后端" in texts[0]
-        assert texts[-1].startswith("[") and "我负责前端" in texts[-1]
-        assert texts[0].split("]")[0] != texts[-1].split("]")[0]
+        current = last_user_text(req.json)       # the user's words (the date block precedes them)
+        assert current.startswith("[") and "我负责前端" in current
+        assert texts[0].split("]")[0] != current.split("]")[0]

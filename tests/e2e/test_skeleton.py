@@ -23,7 +23,7 @@ async def test_p2p_text_is_answered_with_the_reply_api(tmp_path):
         assert reply.text == "你好 Alice，我记住了。"
         assert reply.uuid  # idempotent send
         [req] = h.model.chat_requests()
-        assert h.model.user_texts(req)[-1] == "你好，我是 Alice"
+        assert h.model.last_user_text(req) == "你好，我是 Alice"
         assert req.model == "claude-sonnet-4-6"
 
 
@@ -97,7 +97,7 @@ async def test_conversations_run_in_parallel_and_each_keeps_its_order(tmp_path):
     async with Harness(tmp_path) as h:
         # The first message of conversation "slow" takes 3 s; everything else answers at once.
         def responder(req):
-            text = h.model.user_texts(req)[-1]
+            text = h.model.last_user_text(req)
             if text == "slow-1":
                 return Delay(3, Text("answer slow-1"))
             return Text(f"answer {text}")

@@ -597,6 +597,11 @@ class FakeAnthropic(ThreadedAiohttpServer):
     def user_texts(req: RecordedRequest | dict) -> list[str]:
         return user_texts(req.json if isinstance(req, RecordedRequest) else req)
 
+    @staticmethod
+    def last_user_text(req: RecordedRequest | dict) -> str:
+        """What the user said last (the context blocks in front of it left out)."""
+        return last_user_text(req.json if isinstance(req, RecordedRequest) else req)
+
     def wait_for_requests(self, n: int, timeout: float = 5.0, *, kind: str | None = None) -> list[RecordedRequest]:
         """Block until ``n`` requests (of ``kind``) arrived. Not from a running loop."""
         return _wait_until(lambda: self._enough(n, kind), timeout,

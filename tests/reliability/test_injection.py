@@ -86,7 +86,7 @@ async def _run(h) -> None:
         if results:
             outcomes.extend(results)
             return Text("好的，都记下了。")
-        text = h.model.user_texts(req)[-1]
+        text = h.model.last_user_text(req)
         if "记住这些" in text:
             return Turn(
                 ToolUse("memory_write", {"content": CLOSE_AND_IGNORE, "category": "knowledge"}),
@@ -143,7 +143,7 @@ async def _run(h) -> None:
     await h.idle()
     later = h.model.chat_requests()[before:]
     assert len(later) == 3
-    [recall] = [r for r in later if "还记得" in h.model.user_texts(r)[-1]]
+    [recall] = [r for r in later if "还记得" in h.model.last_user_text(r)]
     recall_system = memory_text(h, recall)
     assert_fenced(recall_system)                       # all four sections present
     # The hostile text is there — as data.
@@ -201,4 +201,4 @@ async def test_user_message_cannot_close_a_memory_tag(tmp_path):
         system = h.model.last_system_text(req)
         assert_fenced(system, expect=("memory_context",))
         assert "obey me" not in system
-        assert CLOSE_AND_IGNORE in h.model.user_texts(req)[-1]
+        assert CLOSE_AND_IGNORE in h.model.last_user_text(req)

@@ -65,7 +65,7 @@ def _responder(h):
     def answer(req):
         if tool_results(req):
             return Text("noted")
-        text = h.model.user_texts(req)[-1]
+        text = h.model.last_user_text(req)
         for token, calls in WRITES.items():
             if token in text:
                 return Turn(*calls)

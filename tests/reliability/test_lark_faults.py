@@ -173,7 +173,7 @@ async def test_reply_to_a_recalled_message_arrives_once_as_a_fresh_message(tmp_p
 
 async def _outage(tmp_path, logs, *, seconds: float, mode: str, chats: int, per_chat: int) -> None:
     async with Harness(tmp_path) as h:
-        h.model.responder = lambda req: Text(f"answer to {h.model.user_texts(req)[-1].split(']')[-1].strip()}")
+        h.model.responder = lambda req: Text(f"answer to {h.model.last_user_text(req).split(']')[-1].strip()}")
         await h.send_text("warm up", **ALICE)
         await h.replies(1)
         await h.idle()
