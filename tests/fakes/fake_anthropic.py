@@ -22,7 +22,7 @@ Answers, in order of precedence, for each request:
 2. the **script**: ``fake.script(*responses)`` queues answers for *chat* requests (neither a
    forced tool nor structured output), consumed in order.
 3. ``fake.responder(request_json)``; the default (:func:`default_responder`) echoes
-   ``"echo: <last user text>"`` for chat (after a tool round: ``"echo: <tool results>"``), and for forced-tool / structured requests returns a
+   ``"echo: <last user text>"`` (the last text block of the last user message) for chat (after a tool round: ``"echo: <tool results>"``), and for forced-tool / structured requests returns a
    minimal instance of the requested schema (so background work never crashes on shape).
 
 A response is one of :class:`Text`, :class:`Json`, :class:`ToolUse`, :class:`Turn` (several
@@ -418,7 +418,9 @@ def default_responder(req: dict) -> Response:
     if schema is not None:
         return Json(minimal_instance(schema))
     last_user = next((m for m in reversed(req.get("messages") or []) if m.get("role") == "user"), {})
-    text = _message_text(last_user) or " ".join(_tool_result_text(b) for b in tool_results(req))
+    # the user's own words: the last text block (context blocks may precede it)
+    texts = [b.get("text", "") for b in _blocks(last_user.get("content")) if b.get("type") == "text" and b.get("text")]
+    text = (texts[-1] if texts else "") or " ".join(_tool_result_text(b) for b in tool_results(req))
     return Text(f"echo: {text or 'ok'}")
 
 
