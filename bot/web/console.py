@@ -352,8 +352,8 @@ class Pages:
             context = tag("p", ctx["error"], class_="error")
         else:
             context = Markup(
-                f'<dl class="meta-grid"><dt>hot turns</dt><dd>{esc(ctx["hot_turns"])}</dd>'
-                f'<dt>waiting to compress</dt><dd>{esc(ctx["pending"])}</dd>'
+                f'<dl class="meta-grid"><dt>hot turns (replayed verbatim)</dt><dd>{esc(ctx["hot_turns"])}</dd>'
+                f'<dt>not replayed (backlog over budget)</dt><dd>{esc(ctx["pending"])}</dd>'
                 f'<dt>warm summaries</dt><dd>{esc(ctx["warm_rows"])} ({esc(ctx["warm_turns"])} turns)</dd></dl>'
                 f'<h3>[对话摘要] <span class="muted">summary</span></h3>'
                 f'<pre class="mem">{esc(ctx["summary"] or "—")}</pre>'
