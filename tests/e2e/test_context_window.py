@@ -117,3 +117,26 @@ async def test_console_panel_reports_cached_written_and_uncached_input_per_answe
                               "written": req.usage["cache_creation_input_tokens"],
                               "uncached": req.usage["input_tokens"], "output": req.usage["output_tokens"]}
         assert bodies[-1]["memory"]["tokens"]["cached"] > bodies[-1]["memory"]["tokens"]["uncached"] > 0
+
+
+async def test_injected_facts_keep_their_order_while_last_accessed_reorders_the_ranking(tmp_path):
+    """20 facts of equal confidence: the top 15 are chosen by last_accessed, and injecting them
+    touches it — which used to reorder the lines between two turns and change the cached prefix."""
+    from memory.scope import Scope
+
+    async with Harness(tmp_path) as h:
+        scope = Scope(user_id="ou_alice", chat_id="oc_p2p_alice", chat_type="p2p")
+        from bench.bench_prompt_size import FACTS        # 20 distinct facts
+
+        for content, category in FACTS:
+            await h.app.memory.facts.add(scope, content, category, source="consolidator", importance=0.8)
+        assert len(await h.app.memory.facts.top(scope, k=50)) == 20
+        # learned at different times (the oldest first); the top 15 are the most recently accessed
+        await h.app.db.execute("UPDATE facts SET last_accessed = 1000 + id")
+        h.model.responder = lambda req: Text("noted") if is_chat(req) else default_responder(req)
+        for i in range(3):
+            await _say(h, f"an ordinary question number {i}", **ALICE)
+        systems = [r.json["system"] for r in h.model.chat_requests()]
+        memory_blocks = [s[-1]["text"] for s in systems]
+        assert memory_blocks[0].count("\n- [") == 15                 # top 15 of 20 injected
+        assert memory_blocks[0] == memory_blocks[1] == memory_blocks[2]
