@@ -17,7 +17,8 @@ the next user message. Per session (``consolidation_state``):
   still replayed verbatim up to ``replay_budget`` (estimated tokens); beyond it the
   oldest are left out with a visible marker (``TRIMMED``) on the first replayed
   message and a ``working.replay_trimmed`` warning — never silently. The newest
-  ``hot_size`` turns are always replayed whatever the budget.
+  ``hot_size + compress_batch - 1`` turns (the whole window while consolidation
+  keeps up) are always replayed whatever the budget.
 - ``warm_turns`` counts turns absorbed into warm since the last extraction; once
   it reaches ``warm_capacity``, facts are extracted from those turns
   (``extracted_upto``) and the warm rows fold into ``rolling_summary``.
@@ -69,8 +70,8 @@ class MemoryConfig:
     hot_size: int = 10          # turns always replayed verbatim (more while compression is due)
     compress_batch: int = 5     # turns per warm summary
     warm_capacity: int = 20     # warm turns absorbed before cold extraction + fold
-    # Estimated tokens of replayed turns beyond the newest hot_size before the oldest are
-    # trimmed (only reached when consolidation is behind: 14 turns of ordinary chat are ~3k).
+    # Estimated tokens of replayed turns before a backlog (turns beyond hot_size +
+    # compress_batch - 1, only there when consolidation is behind) is trimmed from the oldest.
     replay_budget: int = 24_000
 
     def __post_init__(self) -> None:
@@ -583,8 +584,9 @@ def _hot_turns(conn: sqlite3.Connection, session_id: str, before_message_id: int
 
 def _replay(conn: sqlite3.Connection, session_id: str, before_message_id: int | None, state: State,
             cfg: MemoryConfig) -> tuple[list[Turn], int]:
-    """Every uncompressed turn before the boundary, newest ``hot_size`` always, older ones
-    while their estimated tokens fit ``replay_budget``; returns (turns, how many were left out)."""
+    """Every uncompressed turn before the boundary: the newest ``hot_size + compress_batch - 1``
+    always (all there is while consolidation keeps up), a backlog beyond them while the estimated
+    tokens fit ``replay_budget``; returns (turns, how many were left out)."""
     boundary = _boundary(conn, session_id, before_message_id)
     ids = _user_ids_desc(conn, session_id, state.compressed_upto, boundary, MAX_REPLAY_TURNS + 1)
     if not ids:
@@ -596,9 +598,10 @@ def _replay(conn: sqlite3.Connection, session_id: str, before_message_id: int | 
     turns = _turns_in(conn, session_id, min(ids) - 1, boundary)
     kept: list[Turn] = []
     tokens = 0
+    window = cfg.hot_size + cfg.compress_batch - 1      # what is uncompressed when nothing is late
     for i, turn in enumerate(reversed(turns)):
         cost = _turn_tokens(turn)
-        if i >= cfg.hot_size and tokens + cost > cfg.replay_budget:
+        if i >= window and tokens + cost > cfg.replay_budget:
             break
         kept.append(turn)
         tokens += cost

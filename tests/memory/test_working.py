@@ -152,13 +152,19 @@ async def test_backlog_is_replayed_up_to_the_budget_then_trimmed_with_a_marker(d
     with caplog.at_level(logging.WARNING, logger="ethan.working"):
         ctx = await w.build_context(convo.session_id, "now", before_message_id=current.id)
     users = [m["content"] for m in ctx if m["role"] == "user"]
-    # the newest hot_size turns always; the budget (60 estimated tokens, ~25 a turn) fits no more
+    # the whole normal window (hot 3 + batch 2 - 1 = 4 turns) always, whatever the budget;
+    # the budget (60 estimated tokens, ~25 a turn) fits nothing older
     assert [u.split("\n\n")[-1].split(" x")[0] for u in users[:-1]] == [
-        "question number 6", "question number 7", "question number 8"]
-    assert users[0].startswith(TRIMMED.format(n=5) + "\n\n")
-    assert "working.replay_trimmed" in caplog.text and "trimmed=5" in caplog.text
+        "question number 5", "question number 6", "question number 7", "question number 8"]
+    assert users[0].startswith(TRIMMED.format(n=4) + "\n\n")
+    assert "working.replay_trimmed" in caplog.text and "trimmed=4" in caplog.text
     view = await w.view(convo.session_id)
-    assert view.pending == 6 and len(view.hot_turns) == 3     # the view counts the stored "now" too
+    assert view.pending == 5 and len(view.hot_turns) == 4     # the view counts the stored "now" too
+    # a budget that fits some of the backlog replays that much of it
+    some = wm(db, sessions, MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=4, replay_budget=140))
+    ctx = await some.build_context(convo.session_id, "now", before_message_id=current.id)
+    users = [m["content"] for m in ctx if m["role"] == "user"]
+    assert 4 < len(users) - 1 < 8 and users[0].startswith(TRIMMED.format(n=8 - (len(users) - 1)))
     # a larger budget replays the whole backlog verbatim, no marker
     roomy = wm(db, sessions, MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=4))
     ctx = await roomy.build_context(convo.session_id, "now", before_message_id=current.id)
