@@ -126,10 +126,14 @@ async def test_injected_facts_keep_their_order_while_last_accessed_reorders_the_
 
     async with Harness(tmp_path) as h:
         scope = Scope(user_id="ou_alice", chat_id="oc_p2p_alice", chat_type="p2p")
-        from bench.bench_prompt_size import FACTS        # 20 distinct facts
-
-        for content, category in FACTS:
-            await h.app.memory.facts.add(scope, content, category, source="consolidator", importance=0.8)
+        # (not imported from bench/: importing bench.common quiets the "ethan" loggers process-wide)
+        facts = ["在上海工作", "是后端工程师", "用 PostgreSQL", "每周三下午有组会", "女儿下个月过生日",
+                 "喜欢先听结论", "季度预算还剩三十万", "下周去深圳出差", "负责招聘", "喜欢喝咖啡",
+                 "偏好 Python 示例", "正在学习 Rust", "计划考 AWS 认证", "早上效率最高", "设计评审在周四",
+                 "用飞书沟通", "不喜欢冗长的回答", "养了一只猫", "周末爬山", "开一辆电动车"]
+        for content in facts:
+            await h.app.memory.facts.add(scope, "用户" + content, "knowledge", source="consolidator",
+                                         importance=0.8)
         assert len(await h.app.memory.facts.top(scope, k=50)) == 20
         # learned at different times (the oldest first); the top 15 are the most recently accessed
         await h.app.db.execute("UPDATE facts SET last_accessed = 1000 + id")
