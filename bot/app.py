@@ -76,7 +76,11 @@ class EthanApp:
         self.recover_inbox = recover_inbox
         self.memory_config = memory_config or MemoryConfig()
         self.metrics = Metrics()
-        self.web = web.Application(client_max_size=1024 * 1024)
+        from bot.web.auth import ConsoleAuth
+
+        # One access decision for every route (bot/web/auth.py): a route added later is covered.
+        self.auth = ConsoleAuth.from_settings(settings)
+        self.web = web.Application(client_max_size=1024 * 1024, middlewares=[self.auth.middleware])
         self.web[APP_KEY] = self
         self.replies = ReplyRoutes({})
         self.db: Database | None = None
@@ -142,9 +146,11 @@ class EthanApp:
 
         await self._start_http()   # the offline model is served here, so it comes first
         base_url = s.anthropic_base_url or None
+        api_key = s.anthropic_api_key
         if s.offline_model:
             base_url = self.base_url + OFFLINE_PATH
-        self._anthropic = make_client(api_key=s.anthropic_api_key, base_url=base_url)
+            api_key = self.auth.offline_key    # the offline route answers this process only
+        self._anthropic = make_client(api_key=api_key, base_url=base_url)
         model = AnthropicChatModel(self._anthropic, s.ethan_model)
         consolidator = Consolidator(self._anthropic, main_model=model.name,
                                     override_model=s.ethan_consolidation_model or None)

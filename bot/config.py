@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     ethan_host: str = "127.0.0.1"
     ethan_port: int = Field(default=8080, ge=0, le=65535)     # 0 = any free port (tests)
     ethan_console_token: str = ""
+    # Reverse proxies whose Forwarded/X-Forwarded-For headers are believed (addresses or CIDR
+    # networks); nobody else's are — anyone can send those headers.
+    ethan_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # Tuning (documented in .env.example; defaults are what a new user wants)
     ethan_reply_deadline: float = Field(default=60.0, gt=0)      # overall deadline per reply (s)
@@ -84,6 +87,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"{s!r} is not an open_id (ou_…); separate open_ids with commas")
         return items
 
+    @field_validator("ethan_trusted_proxies", mode="before")
+    @classmethod
+    def _proxies(cls, v: Any) -> list[str]:
+        if v is None or v == "":
+            return []
+        items = [str(x).strip() for x in (v.split(",") if isinstance(v, str) else v)]
+        items = [x for x in items if x]
+        for x in items:
+            try:
+                ipaddress.ip_network(x, strict=False)
+            except ValueError:
+                raise ValueError(f"{x!r} is not an IP address or network (e.g. 127.0.0.1, 10.0.0.0/8);"
+                                 " separate them with commas") from None
+        return items
+
     @field_validator("lark_domain", "anthropic_base_url")
     @classmethod
     def _url(cls, v: str) -> str:
@@ -103,6 +121,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 "ETHAN_CONSOLE_TOKEN is required when ETHAN_HOST is not a loopback address"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_secret(self) -> "Settings":
+        # Without either, nothing tells Lark's requests from anyone's: a forged event would
+        # write memory and call the model (issue 17).
+        if (self.lark_enabled and self.lark_transport == "webhook"
+                and not self.lark_encrypt_key and not self.lark_verification_token):
+            raise ValueError("LARK_TRANSPORT=webhook needs LARK_ENCRYPT_KEY or LARK_VERIFICATION_TOKEN"
+                             " (from the app's Events & Callbacks page); without them anyone could post events")
         return self
 
     # -- derived -----------------------------------------------------------------

@@ -1,17 +1,30 @@
 """Who may use the web console, and protection against cross-site requests.
 
-Access (DESIGN.md §3, ``ETHAN_CONSOLE_TOKEN``):
+Access (DESIGN.md §3, ``ETHAN_CONSOLE_TOKEN``, ``ETHAN_TRUSTED_PROXIES``) is one decision, made
+by :meth:`ConsoleAuth.middleware` for every request the server answers, so a route added later
+(``POST /chat``, …) is covered without doing anything:
 
-* Bound to a loopback address and reached under a loopback host name (``localhost``,
-  ``127.0.0.1``, ``[::1]``): open, no token.
-* Anything else: the token is required — ``Authorization: Bearer <token>``, or the cookie the
-  login page sets (``HttpOnly; SameSite=Strict``; its value is an HMAC of the token, so
-  changing the token logs everyone out). Without a valid one, API calls get 401 and pages
-  redirect to ``/login``.
-* A loopback bind reached under another host name (a reverse proxy, or a DNS-rebinding page
-  in the operator's browser) is treated like a remote request: token required, or 403 when
-  no token is configured. (``bot/config.py`` already refuses a non-loopback bind without a
-  token.)
+* Always open: ``POST /lark/events`` (Lark signs it, bot/lark/webhook.py checks that),
+  ``GET /healthz`` (probes), and what the login page itself needs (``/login``, ``/logout``,
+  ``/static/…``). The built-in offline model (``/_offline``) answers only the process's own
+  client, which sends a per-process key.
+* A token is set: every other request needs it — ``Authorization: Bearer <token>``, or the
+  cookie the login page sets (``HttpOnly; SameSite=Strict``; its value is an HMAC of the token,
+  so changing the token logs everyone out) — whatever its Host header or address says. A
+  reverse proxy on the same machine forwards ``Host: 127.0.0.1`` (nginx's default): with the
+  old "loopback host name = open" rule, that gave everyone behind the proxy the console.
+  Without a valid token, API calls (and ``/metrics``) get 401 and HTML pages redirect to
+  ``/login``.
+* No token (only allowed on a loopback bind, ``bot/config.py``): open only to a request that is
+  local on every count — loopback Host name (a DNS-rebinding page sends its own), loopback
+  client, and no forwarding header from a proxy we do not trust (a proxy in front means the
+  real client is elsewhere). Otherwise 403, saying to set a token.
+
+The client address is the TCP peer, unless the peer is in ``ETHAN_TRUSTED_PROXIES``: then
+``Forwarded``/``X-Forwarded-For`` is read from the right, skipping trusted hops. Nobody else's
+forwarding headers are believed (anyone can send them). Login throttling is keyed on that
+address, and a correct token is always accepted — behind an untrusted proxy every client
+shares one address, and ten wrong guesses must not lock the operator out.
 
 Cross-site requests: every state-changing request (anything but GET/HEAD/OPTIONS) must come
 from the console's own origin — ``Sec-Fetch-Site`` must not be ``cross-site``/``same-site``,
@@ -26,11 +39,13 @@ Every console response carries a strict Content-Security-Policy (scripts and sty
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
+import secrets
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 from urllib.parse import quote, urlsplit
 
 from aiohttp import web
@@ -39,7 +54,12 @@ COOKIE = "ethan_console"
 COOKIE_MAX_AGE = 7 * 24 * 3600
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOGIN_FAILURES = 10          # per client address ...
-LOGIN_WINDOW = 300.0         # ... per this many seconds, then 429
+LOGIN_WINDOW = 300.0         # ... per this many seconds, then wrong guesses get 429 ...
+LOGIN_TARPIT_S = 1.0         # ... after this delay (a correct token is still accepted)
+OPEN_PATHS = frozenset({"/lark/events", "/healthz", "/login", "/logout"})
+OPEN_PREFIXES = ("/static/",)
+OFFLINE_PREFIX = "/_offline/"
+MACHINE_PATHS = frozenset({"/metrics", "/chat"})   # refused with 401, never a login redirect
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -77,36 +97,159 @@ def is_loopback_name(name: str) -> bool:
         return False
 
 
+def _networks(values: Iterable[str]) -> tuple:
+    return tuple(ipaddress.ip_network(v.strip(), strict=False) for v in values if v and v.strip())
+
+
+def _address(value: str):
+    """An IP address from a forwarding header's node ('1.2.3.4', '1.2.3.4:80', '[::1]:80',
+    '"[2001:db8::1]"'), or None."""
+    v = value.strip().strip('"')
+    if v.startswith("["):
+        v = v[1:v.find("]")] if "]" in v else v[1:]
+    elif v.count(":") == 1:
+        v = v.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(v)
+    except ValueError:
+        return None
+
+
+def forwarded_chain(request: web.Request) -> list[str]:
+    """The addresses a proxy says the request passed through, client first (``Forwarded``
+    when present, else ``X-Forwarded-For``)."""
+    chain: list[str] = []
+    for value in request.headers.getall("Forwarded", []):
+        for element in value.split(","):
+            for pair in element.split(";"):
+                k, _, v = pair.partition("=")
+                if k.strip().lower() == "for":
+                    chain.append(v.strip())
+    if chain:
+        return chain
+    for value in request.headers.getall("X-Forwarded-For", []):
+        chain.extend(p.strip() for p in value.split(",") if p.strip())
+    return chain
+
+
+def has_forwarding(request: web.Request) -> bool:
+    h = request.headers
+    return "Forwarded" in h or "X-Forwarded-For" in h or "X-Real-IP" in h
+
+
 class ConsoleAuth:
-    def __init__(self, *, token: str, loopback_bind: bool, clock=time.monotonic) -> None:
+    def __init__(self, *, token: str, loopback_bind: bool, trusted_proxies: Iterable[str] = (),
+                 clock=time.monotonic) -> None:
         self.token = token or ""
         self.loopback_bind = loopback_bind
+        self.trusted = _networks(trusted_proxies)
         self.clock = clock
+        # The offline model's key: the process's own model client sends it, nobody else knows it.
+        self.offline_key = "offline-" + secrets.token_urlsafe(24)
         self._failures: dict[str, list[float]] = {}
         self.session_value = (
             hmac.new(self.token.encode(), b"ethan-console-session-v1", hashlib.sha256).hexdigest()
             if self.token else ""
         )
 
+    @classmethod
+    def from_settings(cls, s) -> "ConsoleAuth":
+        return cls(token=s.ethan_console_token, loopback_bind=s.host_is_loopback,
+                   trusted_proxies=getattr(s, "ethan_trusted_proxies", ()))
+
     # -- who -------------------------------------------------------------------------
+    def _is_trusted(self, address) -> bool:
+        return address is not None and any(address in net for net in self.trusted)
+
+    def peer_trusted(self, request: web.Request) -> bool:
+        return self._is_trusted(_address(request.remote or ""))
+
+    def client(self, request: web.Request) -> str:
+        """The client's address: the TCP peer, or — when the peer is a trusted proxy — the
+        right-most address in its forwarding header that is not itself a trusted proxy."""
+        peer = request.remote or "?"
+        if not self.peer_trusted(request):
+            return peer
+        chain = forwarded_chain(request)
+        for hop in reversed(chain):
+            addr = _address(hop)
+            if not self._is_trusted(addr):
+                return str(addr) if addr is not None else hop[:64]
+        return str(_address(chain[0]) or chain[0][:64]) if chain else peer
+
     def is_open(self, request: web.Request) -> bool:
-        """No token needed: loopback bind, reached under a loopback host name."""
-        return self.loopback_bind and is_loopback_name(host_name(request.headers.get("Host", "")))
+        """No token needed: no token configured, and the request is local on every count
+        (loopback bind, loopback Host name, loopback client, no untrusted proxy in front)."""
+        if self.token or not self.loopback_bind:
+            return False
+        if not is_loopback_name(host_name(request.headers.get("Host", ""))):
+            return False
+        if has_forwarding(request) and not self.peer_trusted(request):
+            return False       # a proxy we do not know: the real client is somewhere else
+        return is_loopback_name(self.client(request))
 
     def has_token(self, request: web.Request) -> bool:
         if not self.token:
             return False
         auth = request.headers.get("Authorization", "")
         if auth[:7].lower() == "bearer ":
-            return hmac.compare_digest(auth[7:].strip().encode(), self.token.encode())
+            return _same(auth[7:].strip(), self.token)
         cookie = request.cookies.get(COOKIE, "")
-        return bool(cookie) and hmac.compare_digest(cookie.encode(), self.session_value.encode())
+        return bool(cookie) and _same(cookie, self.session_value)
 
     def allowed(self, request: web.Request) -> bool:
         return self.is_open(request) or self.has_token(request)
 
     def check_token(self, candidate: str) -> bool:
-        return bool(self.token) and hmac.compare_digest((candidate or "").encode(), self.token.encode())
+        return bool(self.token) and _same(candidate or "", self.token)
+
+    def secure_request(self, request: web.Request) -> bool:
+        if request.secure:
+            return True
+        return self.peer_trusted(request) and request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+
+    # -- the one access decision, for every route ------------------------------------
+    @staticmethod
+    def public(path: str) -> bool:
+        return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+    def refusal(self, request: web.Request, *, api: bool) -> web.StreamResponse:
+        if api:
+            if not self.token:
+                return secure_headers(web.json_response(
+                    {"error": "forbidden", "detail": "the console answers without a token only on "
+                     "localhost; set ETHAN_CONSOLE_TOKEN to reach it under another host name"},
+                    status=403))
+            return secure_headers(web.json_response(
+                {"error": "unauthorized", "detail": "send Authorization: Bearer <ETHAN_CONSOLE_TOKEN>"},
+                status=401, headers={"WWW-Authenticate": 'Bearer realm="ethan-console"'}))
+        if not self.token:
+            return secure_headers(web.Response(
+                status=403, content_type="text/plain",
+                text="The Ethan console is open without a token only on localhost. "
+                     "Set ETHAN_CONSOLE_TOKEN to use it under another host name.\n"))
+        target = request.path_qs if request.method in SAFE_METHODS else "/"
+        return secure_headers(web.Response(status=303, headers={"Location": "/login?next=" + quote(target, safe="/")}))
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if self.public(path):
+            return await handler(request)
+        if path.startswith(OFFLINE_PREFIX) or path == OFFLINE_PREFIX.rstrip("/"):
+            auth = request.headers.get("Authorization", "")
+            key = request.headers.get("X-Api-Key", "") or (auth[7:].strip() if auth[:7].lower() == "bearer " else "")
+            if _same(key, self.offline_key):
+                return await handler(request)
+            return web.json_response({"type": "error", "error": {"type": "authentication_error",
+                                      "message": "the offline model answers this process only"}}, status=401)
+        if not self.allowed(request):
+            # A browser's page view is sent to the login form; anything else gets 401 JSON.
+            page = (request.method in SAFE_METHODS and not path.startswith("/api/")
+                    and path not in MACHINE_PATHS
+                    and "application/json" not in request.headers.get("Accept", ""))
+            return self.refusal(request, api=not page)
+        return await handler(request)
 
     # -- cross-site ------------------------------------------------------------------
     @staticmethod
@@ -132,6 +275,11 @@ class ConsoleAuth:
         self._failures[client] = recent
         return len(recent) >= LOGIN_FAILURES
 
+    async def tarpit(self) -> None:
+        """A wrong guess from a throttled address waits before its 429: guessing slows down,
+        and nobody is locked out (a correct token is never delayed)."""
+        await asyncio.sleep(LOGIN_TARPIT_S)
+
     def failed(self, client: str) -> None:
         self._failures.setdefault(client, []).append(self.clock())
         if len(self._failures) > 10_000:
@@ -142,23 +290,8 @@ class ConsoleAuth:
         """Access + cross-site checks around one console handler."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
-            if not self.allowed(request):
-                if api:
-                    if not self.token:
-                        return secure_headers(web.json_response(
-                            {"error": "forbidden", "detail": "the console answers without a token only on "
-                             "localhost; set ETHAN_CONSOLE_TOKEN to reach it under another host name"},
-                            status=403))
-                    return secure_headers(web.json_response(
-                        {"error": "unauthorized", "detail": "send Authorization: Bearer <ETHAN_CONSOLE_TOKEN>"},
-                        status=401, headers={"WWW-Authenticate": 'Bearer realm="ethan-console"'}))
-                if not self.token:
-                    return secure_headers(web.Response(
-                        status=403, content_type="text/plain",
-                        text="The Ethan console is open without a token only on localhost. "
-                             "Set ETHAN_CONSOLE_TOKEN to use it under another host name.\n"))
-                target = request.path_qs if request.method in SAFE_METHODS else "/"
-                raise web.HTTPSeeOther("/login?next=" + quote(target, safe="/"))
+            if not self.allowed(request):       # the middleware decided already; kept as a backstop
+                return self.refusal(request, api=api)
             if request.method not in SAFE_METHODS:
                 if not self.same_origin(request):
                     return secure_headers(web.json_response(
@@ -172,7 +305,7 @@ class ConsoleAuth:
         return guarded
 
     def cookie_kwargs(self, request: web.Request) -> dict:
-        secure = request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+        secure = self.secure_request(request)
         return dict(max_age=COOKIE_MAX_AGE, httponly=True, samesite="Strict", secure=secure, path="/")
 
 
@@ -184,3 +317,9 @@ def safe_next(value: str) -> str:
     if parts.scheme or parts.netloc:
         return "/"
     return value
+
+
+def _same(candidate: str, secret: str) -> bool:
+    """Constant-time equality of two strings of any characters (``hmac.compare_digest`` raises
+    TypeError on non-ASCII ``str``: a token like 'pässword' was a 500)."""
+    return hmac.compare_digest(candidate.encode("utf-8", "surrogatepass"), secret.encode("utf-8", "surrogatepass"))

@@ -385,14 +385,18 @@ class Pages:
     async def login(self, request: web.Request) -> web.Response:
         if not self.auth.same_origin(request):
             return secure_headers(web.Response(status=403, text="cross-site request refused"))
-        client = request.remote or "?"
-        if self.auth.throttled(client):
-            log.warning("console.login_throttled", client=client)
-            return await self.login_form(request, error="Too many attempts; wait a few minutes.", status=429)
+        client = self.auth.client(request)     # the peer, or what a trusted proxy says
         form = await request.post()
         token = form.get("token", "")
         if not isinstance(token, str) or not self.auth.check_token(token):
+            # A correct token is always accepted (above): the throttle only slows wrong guesses,
+            # so nobody sharing the operator's address (a proxy) can lock the operator out.
+            throttled = self.auth.throttled(client)
             self.auth.failed(client)
+            if throttled:
+                log.warning("console.login_throttled", client=client)
+                await self.auth.tarpit()
+                return await self.login_form(request, error="Too many attempts; wait a few minutes.", status=429)
             log.warning("console.login_failed", client=client)
             return await self.login_form(request, error="That token is not right.", status=401)
         log.info("console.login", client=client)
@@ -424,7 +428,7 @@ async def static(request: web.Request) -> web.StreamResponse:
 def setup_console(web_app: web.Application, ethan: Any) -> None:
     """Register the console pages, the JSON API, the static files and the login routes."""
     s = ethan.settings
-    auth = ConsoleAuth(token=s.ethan_console_token, loopback_bind=s.host_is_loopback)
+    auth = getattr(ethan, "auth", None) or ConsoleAuth.from_settings(s)   # the app's middleware shares it
     data = ConsoleData(ethan)
     pages = Pages(ethan, data, auth)
     web_app[CONSOLE_KEY] = data
