@@ -8,6 +8,7 @@ are both unique, so a redelivery (same event) or a re-send under a new event id
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -74,7 +75,11 @@ class Inbox:
                         raise
                     continue
                 for (_, future), rowid in zip(batch, ids):
-                    if not future.done():
+                    if future.done():
+                        continue
+                    if isinstance(rowid, Exception):
+                        future.set_exception(rowid)     # -> webhook.store_failed, 503: not "duplicate"
+                    else:
                         future.set_result(rowid)
         finally:
             self._flusher = None
@@ -119,12 +124,21 @@ class Inbox:
 
 
 def _insert_rows(conn, rows: list[tuple]) -> list[int | None]:
-    """In the SQLite thread: insert each row unless its event or message is known."""
-    out: list[int | None] = []
+    """In the SQLite thread: insert each row unless its event or message is known.
+
+    ``ON CONFLICT DO NOTHING`` skips only uniqueness conflicts (the duplicates); ``INSERT OR
+    IGNORE`` also swallowed NOT NULL and CHECK failures, so a NaN create_time (stored as NULL)
+    made a new message look like a duplicate and vanish."""
+    out: list[int | None | Exception] = []
     for row in rows:
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO inbox(event_id, message_id, chat_id, conv_key, create_time,"
-            " received_at, payload, status, note) VALUES (?,?,?,?,?,?,?,?,?)", row)
+        try:
+            cur = conn.execute(
+                "INSERT INTO inbox(event_id, message_id, chat_id, conv_key, create_time,"
+                " received_at, payload, status, note) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING", row)
+        except sqlite3.IntegrityError as e:
+            # This row only (SQLite undoes the one statement): the rest of the group commits.
+            out.append(e)
+            continue
         out.append(cur.lastrowid if cur.rowcount else None)
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from bot.dispatch import Dispatcher
 from bot.inbox import STALE_SECONDS, Inbox
 from bot.lark.events import MESSAGE_RECEIVE, Envelope, MessageEvent
-from bot.lark.normalize import epoch_seconds
+from bot.lark.normalize import epoch_seconds, has_surrogates, scrub
 from bot.log import get_logger
 from memory.scope import conversation_key
 
@@ -81,6 +82,15 @@ class Intake:
             self._watcher = None
 
     async def _accept(self, raw: str, body: dict) -> IntakeResult:
+        if has_surrogates(raw):
+            # Stored and handled without lone surrogates (UTF-8 cannot carry them; the handler
+            # refused such a row and the user heard nothing).
+            try:
+                body = scrub(body)
+                raw = json.dumps(body, ensure_ascii=False)
+            except RecursionError:
+                log.warning("event.invalid", error="nested too deep")
+                return IntakeResult("invalid", "nested too deep")
         try:
             env = Envelope.model_validate(body)
         except ValidationError as e:

@@ -8,9 +8,11 @@ Other message types keep ``text=""`` and are answered politely by the handler.
 from __future__ import annotations
 
 import json
+import math
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Any
 
 from bot.lark.events import Envelope, MessageEvent
 from memory.scope import Scope, conversation_key
@@ -88,8 +90,8 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
             if not isinstance(raw, str):
                 raise ValueError("text is not a string")
             text = render_mentions(raw, mentions, bot_open_id)
-        except ValueError as e:
-            error = f"unreadable content: {e}"
+        except (ValueError, RecursionError) as e:   # content nested too deep is unreadable, not a crash
+            error = f"unreadable content: {type(e).__name__ if isinstance(e, RecursionError) else e}"
     text = clean_text(text)
     truncated = len(text) > MAX_TEXT_CHARS
     if truncated:
@@ -171,9 +173,31 @@ def clean_text(text: str) -> str:
 
 
 def epoch_seconds(value: str | None) -> float:
-    """Lark timestamps come as strings in ms (or s); 0.0 when unusable."""
+    """Lark timestamps come as strings in ms (or s); 0.0 when unusable (not a number, NaN,
+    infinite, negative: "nan" became a NULL create_time, which the inbox then took for a
+    duplicate)."""
     try:
         v = float(value or 0)
     except (TypeError, ValueError):
         return 0.0
+    if not math.isfinite(v) or v < 0:
+        return 0.0
     return v / 1000 if v > 1e11 else v
+
+
+def scrub(value: Any) -> Any:
+    """The decoded event with every lone surrogate replaced by U+FFFD, keys included. JSON may
+    escape them (``"\\ud800"``) but UTF-8 — SQLite, Lark, the model — cannot carry them: one in
+    a text was accepted at intake and refused by the handler, unanswered."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def has_surrogates(raw: str) -> bool:
+    """Cheap test on the event's JSON text: a surrogate character or its escape."""
+    return bool(_SURROGATE.search(raw)) or "\\ud" in raw.lower()

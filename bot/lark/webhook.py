@@ -11,6 +11,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -62,7 +63,15 @@ def _aes_cbc_decrypt(key: bytes, data: bytes) -> bytes:
 
 
 def signature(timestamp: str, nonce: str, encrypt_key: str, body: bytes) -> str:
-    return hashlib.sha256((timestamp + nonce + encrypt_key).encode() + body).hexdigest()
+    # surrogatepass: aiohttp hands undecodable header bytes over as surrogates; such a header
+    # simply fails to match instead of raising (a 500).
+    return hashlib.sha256((timestamp + nonce + encrypt_key).encode("utf-8", "surrogatepass") + body).hexdigest()
+
+
+def _same(candidate: str, secret: str) -> bool:
+    """Constant-time comparison of any two strings: ``hmac.compare_digest`` raises TypeError on
+    non-ASCII ``str`` (a token or signature header with one non-ASCII character was a 500)."""
+    return hmac.compare_digest(candidate.encode("utf-8", "surrogatepass"), secret.encode("utf-8", "surrogatepass"))
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:
@@ -100,6 +109,8 @@ def verify(
             raise Refused(f"cannot decrypt: {e}") from e
         if not isinstance(inner, dict):
             raise Malformed("decrypted body is not a JSON object")
+        if not isinstance(inner.get("header", {}), dict):
+            raise Malformed("decrypted header is not an object")
     else:
         if encrypt_key:
             # With an encrypt key configured, Lark always encrypts: plain bodies are forged.
@@ -107,8 +118,9 @@ def verify(
         raw, inner = body.decode("utf-8", "replace"), outer
 
     is_challenge = inner.get("type") == "url_verification"
-    token = inner.get("token") if is_challenge else (inner.get("header") or {}).get("token")
-    if verification_token and not hmac.compare_digest(str(token or ""), verification_token):
+    header = inner.get("header")
+    token = inner.get("token") if is_challenge else header.get("token") if isinstance(header, dict) else None
+    if verification_token and not _same(token if isinstance(token, str) else "", verification_token):
         raise Refused("verification token mismatch")
 
     if encrypt_key and not is_challenge:
@@ -118,13 +130,14 @@ def verify(
         if not (ts and nonce and sig):
             raise Refused("missing signature headers")
         expected = signature(ts, nonce, encrypt_key, body)
-        if not hmac.compare_digest(expected, sig.lower()):
+        if not _same(sig.lower(), expected):
             raise Refused("bad signature")
         try:
             ts_value = float(ts)
         except ValueError as e:
             raise Refused("timestamp is not a number") from e
-        if abs(now - ts_value) > MAX_SKEW_SECONDS:
+        # NaN compares false with everything: "abs(now - nan) > 300" let a NaN timestamp through.
+        if not math.isfinite(ts_value) or not abs(now - ts_value) <= MAX_SKEW_SECONDS:
             raise Refused("timestamp outside the 5 minute window")
 
     if is_challenge:

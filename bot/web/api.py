@@ -75,7 +75,7 @@ def _int(value: str, what: str) -> int:
 async def read_json(request: web.Request) -> dict:
     try:
         body = await request.json()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):   # nested 100k deep: 400, not a 500
         raise ApiError(400, "the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
