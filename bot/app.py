@@ -16,7 +16,10 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import json
 import os
+import re
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -30,7 +33,7 @@ from bot.commands import Commands
 from bot.config import Settings
 from bot.dispatch import Dispatcher
 from bot.handler import HandlerDeps, MessageHandler
-from bot.inbox import Inbox, InboxItem
+from bot.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
 from bot.lark.normalize import Inbound
@@ -41,7 +44,7 @@ from bot.outbox import Outbox
 from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
-from memory.db import Database
+from memory.db import Database, DatabaseError
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.modes import ModeStore
@@ -51,9 +54,29 @@ from memory.sessions import SessionStore
 from memory.working import MemoryConfig, WorkingMemory
 
 log = get_logger("ethan.app")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+def is_database_error(e: BaseException) -> bool:
+    """A failure of the database itself (locked, full, I/O), not a bug: worth a retry."""
+    seen = 0
+    while e is not None and seen < 5:
+        if isinstance(e, (sqlite3.Error, DatabaseError)):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 OFFLINE_PATH = "/_offline"
 REDELIVER_AFTER_S = 60.0   # an answer Lark did not take (the Open API down, a token problem) is tried again
+# A message whose handling hit a database error (another process holding the write lock past the
+# busy timeout, a full disk) is handled again after these delays, then every 30 s, until the
+# 30-minute rule; the user hears from us once it has taken DB_NOTICE_AFTER_S.
+DB_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+DB_NOTICE_AFTER_S = 10.0
+DB_NOTICE = {"zh": "我这边的存储暂时出了点问题，正在重试，稍后回复你。",
+             "en": "My storage is having trouble right now; I'm retrying and will answer shortly."}
+DB_GAVE_UP = {"zh": "抱歉，存储出错，这条消息没能处理，请再发一次。",
+              "en": "Sorry — a storage error kept me from handling this message; please send it again."}
 APP_KEY: web.AppKey["EthanApp"] = web.AppKey("ethan", object)
 
 
@@ -101,6 +124,9 @@ class EthanApp:
         self._background: set[asyncio.Task] = set()
         self._timers: set[asyncio.TimerHandle] = set()
         self.redeliver_after_s = REDELIVER_AFTER_S
+        self.db_retry_delays_s = DB_RETRY_DELAYS_S
+        self.db_notice_after_s = DB_NOTICE_AFTER_S
+        self._db_failures: dict[int, list] = {}    # inbox id -> [first failure (monotonic), attempts, told]
         self._bot_open_id = ""
         self._identity = asyncio.Event()
         self._anthropic = None
@@ -186,7 +212,7 @@ class EthanApp:
         # Group speakers' names: looked up in Lark when connected; the console registers its own.
         self.names = deps.names = CachedNames(self.lark_api)
         self.handler = MessageHandler(deps)
-        self.dispatcher = Dispatcher(self.handler, max_concurrency=s.ethan_max_concurrency,
+        self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
                                      admit=self._admit)
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc())
@@ -258,6 +284,83 @@ class EthanApp:
         handle = asyncio.get_running_loop().call_later(self.redeliver_after_s, resubmit)
         self._timers.add(handle)
         return self.redeliver_after_s
+
+    async def _handle(self, item: InboxItem) -> None:
+        """The handler, with database errors retried in this process (issue 17): the message
+        was acknowledged, so it must not wait silently for a restart that may come too late."""
+        try:
+            await self.handler(item)
+        except Exception as e:
+            if not is_database_error(e):
+                raise
+            self._database_retry(item, e)
+            return
+        state = self._db_failures.pop(item.id, None)
+        if state is not None:
+            log.info("handle.db_recovered", event_id=item.event_id, message_id=item.message_id or "",
+                     chat_id=item.chat_id, inbox_id=item.id, attempts=state[1],
+                     after_s=round(time.monotonic() - state[0], 1))
+
+    def _database_retry(self, item: InboxItem, error: Exception) -> None:
+        now = time.monotonic()
+        state = self._db_failures.setdefault(item.id, [now, 0, False])
+        state[1] += 1
+        delays = self.db_retry_delays_s
+        delay = delays[min(state[1], len(delays)) - 1]
+        bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id,
+                         inbox_id=item.id)
+        detail = f"{type(error).__name__}: {error}"[:200]
+        if self.closing or self.dispatcher is None:
+            # Stays pending in the inbox: the next start answers it (if within 30 minutes).
+            bound.warning("handle.db_error", error=detail, attempt=state[1], retry_in_s=None, inbox="pending")
+            self._db_failures.pop(item.id, None)
+            return
+        if time.time() - item.create_time + delay > STALE_SECONDS:
+            # The 30-minute rule ends it: say so, never drop it silently.
+            self._db_failures.pop(item.id, None)
+            bound.error("handle.db_gave_up", error=detail, attempts=state[1],
+                        after_s=round(now - state[0], 1))
+            self._spawn(self._tell(item, DB_GAVE_UP, "dbfail", finish=True), "db-gave-up")
+            return
+        bound.warning("handle.db_error", error=detail, attempt=state[1], retry_in_s=delay, inbox="pending")
+        if not state[2] and now - state[0] + delay >= self.db_notice_after_s:
+            state[2] = True
+            self._spawn(self._tell(item, DB_NOTICE, "dbwait"), "db-notice")
+        again = dataclasses.replace(item, attempts=item.attempts + 1)
+
+        def resubmit() -> None:
+            self._timers.discard(handle)
+            if not self.closing and self.dispatcher is not None:
+                self.dispatcher.submit(again.conv_key, again)
+
+        handle = asyncio.get_running_loop().call_later(delay, resubmit)
+        self._timers.add(handle)
+
+    async def _tell(self, item: InboxItem, texts: dict, tag: str, *, finish: bool = False) -> None:
+        """A short word to the user about their message, outside the normal reply (its uuid is
+        derived from the message, so a second notice is never shown twice)."""
+        bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id)
+        text = texts["zh" if _CJK.search(item.payload) else "en"]
+        try:
+            if item.message_id and self.sender is not None:
+                try:
+                    thread = bool(json.loads(item.payload)["event"]["message"].get("thread_id"))
+                except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                    thread = False
+                await self.sender.reply(item.message_id, "text", {"text": text}, uuid=f"r-{item.message_id}-{tag}",
+                                        chat_id=item.chat_id, in_thread=thread)
+            else:
+                routed = self.replies.claim(item.message_id or "")
+                if routed is not None:
+                    await routed.finish(text)
+            bound.info("handle.user_told", notice=tag)
+        except Exception as e:  # noqa: BLE001 - the notice is best effort; the retry goes on
+            bound.warning("handle.user_not_told", notice=tag, error=str(e)[:200])
+        if finish:
+            try:
+                await self.inbox.finish(item.id, "failed", "database error for 30 minutes")
+            except Exception:  # noqa: BLE001 - still failing: the next start marks it stale
+                pass
 
     async def _admit(self) -> None:
         if self.intake is not None:
