@@ -55,7 +55,8 @@ async def _recall_gate(store: EpisodeStore, label_of: dict[int, str]) -> tuple[i
     times: list[float] = []
     for user, query, relevant in L.QUERIES:
         t0 = time.perf_counter()
-        got = await store.recall(Scope(user, f"oc_{user}_p2p", "p2p"), query)
+        kind = L.EPISODES[relevant[0]][1]     # asked where it happened: group episodes stay in their group
+        got = await store.recall(Scope(user, f"oc_{user}_{kind}", kind), query)
         times.append(time.perf_counter() - t0)
         if got and label_of.get(got[0].id) in relevant:
             hit += 1

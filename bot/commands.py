@@ -402,10 +402,7 @@ class Commands:
                              f"No episodes match “{short(query, 30)}”.")
             head = ctx.t(f"和 “{short(query, 30)}” 相关的情节记忆：", f"Episodes matching “{short(query, 30)}”:")
         else:
-            found = await store.recent(ctx.user, EPISODES_LISTED if ctx.private else 50)
-            if not ctx.private:
-                found = [e for e in found if e.visibility == "shared"]
-            found = found[:EPISODES_LISTED]
+            found = await store.recent(ctx.user, EPISODES_LISTED, scope=ctx.scope)   # this chat's only
             if not found:
                 return ctx.t("还没有情节记忆（会话结束后生成）。", "No episodes yet (one is written when a session ends).")
             head = ctx.t("你最近的情节记忆：", "Your recent episodes:")
@@ -414,7 +411,8 @@ class Commands:
             keywords = f"  [{', '.join(e.keywords[:5])}]" if e.keywords else ""
             lines.append(f"{when(e.timestamp)}{keywords}\n  {short(e.summary, SUMMARY_CHARS)}")
         if not ctx.private:
-            lines.append(ctx.t("（私聊中的情节不在群里显示）", "(Episodes of our direct chat are not shown here.)"))
+            lines.append(ctx.t("（私聊和其他群的情节不在这里显示）",
+                               "(Episodes of our direct chat and of other groups are not shown here.)"))
         return "\n".join(lines)
 
     # -- admins ----------------------------------------------------------------------------

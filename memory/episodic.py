@@ -58,7 +58,8 @@ labelled set: every unrelated message there recalls nothing, 64 of 70 related on
 their episode first (see the tests and the benchmark). The top
 ``k`` are returned, trimmed to ``max_tokens`` (estimate: a CJK character is a token,
 other text four characters a token). Private (p2p) episodes are recalled only in the
-user's p2p chat; another user's episodes never.
+user's p2p chat; a group's episodes only in that group (never in p2p or another group);
+another user's episodes never.
 """
 
 from __future__ import annotations
@@ -336,15 +337,28 @@ def _row(row: Any, *, score: float = 0.0) -> Episode:
 
 
 def _where(user_id: str, scope: Scope | None, exclude_session: str | None) -> tuple[list[str], list[Any]]:
-    """The owner filter (always), visibility for ``scope``, and the excluded session."""
+    """The owner filter (always), where ``scope`` may see the episode, and the excluded session.
+
+    DESIGN.md §4: an episode of a group session belongs to that group — it holds other
+    members' words — so it is seen only in that group (``chat_id``), never in a p2p chat or
+    another group; a p2p episode only in p2p. (Facts and profile keep the looser
+    ``visible_sql`` rule: they are the user's own words.)"""
     where = ["e.user_id = ?"]
     params: list[Any] = [user_id]
     if scope is not None:
-        where.append(scope.visible_sql("e.visibility"))
+        sql, extra = episode_visibility(scope, "e.")
+        where.append(sql)
+        params.extend(extra)
     if exclude_session:
         where.append("e.session_id <> ?")
         params.append(exclude_session)
     return where, params
+
+
+def episode_visibility(scope: Scope, prefix: str = "") -> tuple[str, list[Any]]:
+    if scope.is_private:
+        return f"{prefix}visibility = 'private'", []
+    return f"({prefix}visibility = 'shared' AND {prefix}chat_id = ?)", [scope.chat_id]
 
 
 def _bm25_query(where: list[str], params: list[Any], terms: list[str], limit: int) -> tuple[str, tuple[Any, ...]]:
@@ -443,11 +457,12 @@ class EpisodeStore:
         return _row(row)
 
     # -- reading ------------------------------------------------------------------------
-    async def recent(self, user_id: str, n: int = 5) -> list[Episode]:
-        """The user's newest episodes first."""
+    async def recent(self, user_id: str, n: int = 5, *, scope: Scope | None = None) -> list[Episode]:
+        """The user's newest episodes first; with ``scope``, only those it may see (its chat's)."""
+        sql, extra = episode_visibility(scope) if scope is not None else ("1=1", [])
         rows = await self.db.fetchall(
-            f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? ORDER BY timestamp DESC, id DESC LIMIT ?",
-            (user_id, max(0, int(n))),
+            f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? AND {sql} ORDER BY timestamp DESC, id DESC LIMIT ?",
+            (user_id, *extra, max(0, int(n))),
         )
         return [_row(r) for r in rows]
 

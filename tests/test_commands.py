@@ -355,11 +355,15 @@ async def test_episodes_recent_and_search_respect_scope(h):
                   summary="bob's release notes", turn_count=2)
 
     mine = await ask(h, "/episodes", sender=user, chat_id=p2p)
-    assert "sleep anxiety" in mine and "release schedule" in mine and "bob" not in mine
+    # DESIGN.md §4: the group's episode stays in the group (it holds other members' words).
+    assert "sleep anxiety" in mine and "release schedule" not in mine and "bob" not in mine
     in_group = await ask(h, "/episodes", sender=user, chat_id=group, chat_type="group")
     assert "release schedule" in in_group and "anxiety" not in in_group
-    found = await ask(h, "/episodes release", sender=user, chat_id=p2p)
+    assert "release schedule" not in await ask(h, "/episodes", sender=user, chat_id=fresh("oc_group_other"),
+                                               chat_type="group")
+    found = await ask(h, "/episodes release", sender=user, chat_id=group, chat_type="group")
     assert "release schedule" in found and "bob" not in found
+    assert "release schedule" not in await ask(h, "/episodes release", sender=user, chat_id=p2p)
     assert "sleep" not in await ask(h, "/episodes anxiety", sender=user, chat_id=group, chat_type="group")
     assert "sleep anxiety" in await ask(h, "/episodes anxiety", sender=user, chat_id=p2p)
     assert "No episodes" in await ask(h, "/episodes", sender=fresh("ou_none"), chat_id=fresh("oc_p2p_none"))

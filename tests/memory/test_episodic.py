@@ -143,14 +143,16 @@ async def test_search_survives_fts_syntax_in_queries(store, query):
 async def test_recall_finds_related_episodes_and_nothing_for_unrelated_messages(store, labelled):
     first_right = 0
     for user, query, relevant in L.QUERIES:
-        got = await store.recall(scope(user), query)
+        # Asked where the episode happened: a group's episode is recalled only in that group.
+        got = await store.recall(scope(user, L.EPISODES[relevant[0]][1]), query)
         assert len(got) <= 2
         if got and labelled[got[0].id] in relevant:
             first_right += 1
     assert first_right / len(L.QUERIES) >= RELATED_RECALLED_FLOOR
     for user, message in L.UNRELATED:
-        got = await store.recall(scope(user), message)
-        assert got == [], (message, [(labelled[e.id], e.score, e.matched) for e in got])
+        for chat_type in ("p2p", "group"):
+            got = await store.recall(scope(user, chat_type), message)
+            assert got == [], (message, [(labelled[e.id], e.score, e.matched) for e in got])
 
 
 async def test_recall_never_crosses_users(store, labelled):
@@ -169,6 +171,22 @@ async def test_recall_shows_private_episodes_only_in_p2p(store, labelled):
     assert "l01" not in {labelled[e.id] for e in group}
     shared = await store.recall(scope(L.LIN, "group"), "kafka 消费者 rebalance")   # l06 happened in a group
     assert [labelled[e.id] for e in shared] == ["l06"]
+
+
+async def test_group_episodes_are_recalled_only_in_their_group(store, labelled):
+    """DESIGN.md §4: a group episode holds other members' words — never in p2p, never in
+    another group, and /episodes (recent, search) follows the same rule."""
+    message = "kafka 消费者 rebalance"                                  # l06: Lin's group oc_<lin>_group
+    assert [labelled[e.id] for e in await store.recall(scope(L.LIN, "group"), message)] == ["l06"]
+    assert "l06" not in {labelled[e.id] for e in await store.recall(scope(L.LIN, "p2p"), message)}
+    elsewhere = Scope(L.LIN, "oc_another_group", "group")
+    assert await store.recall(elsewhere, message) == []
+    assert await store.search(L.LIN, message, scope=elsewhere) == []
+    assert await store.recent(L.LIN, 50, scope=elsewhere) == []
+    in_p2p = await store.recent(L.LIN, 50, scope=scope(L.LIN, "p2p"))
+    assert in_p2p and all(e.visibility == "private" for e in in_p2p)
+    in_group = await store.recent(L.LIN, 50, scope=scope(L.LIN, "group"))
+    assert in_group and all(e.chat_id == f"oc_{L.LIN}_group" for e in in_group)
 
 
 async def test_recall_excludes_the_current_session_and_respects_k(store, labelled):

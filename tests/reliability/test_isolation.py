@@ -250,3 +250,64 @@ async def test_console_without_a_token_answers_only_under_a_loopback_name(tmp_pa
         pattern = re.compile(r"ou_\w+")
         async with h.http.get(h.url + "/users", headers={"Host": "evil.example:8080"}) as r:
             assert r.status == 403 and not pattern.search(await r.text())
+
+
+ALICE_OTHER_GROUP = dict(chat_id="oc_other", chat_type="group", sender="ou_alice")
+GROUP_EPISODE = "Alice 和 Bob 讨论了 Pelican 发布 计划，Bob 透露了 Pelican 预算 Sandpiper"
+
+
+async def test_group_episodes_stay_in_their_group(tmp_path):
+    """DESIGN.md §4 / issue 17 Medium 4: an episode of a group session holds other members'
+    words, so it is recalled (and listed by /episodes) only in that group — never in the
+    member's p2p chat, never in another group."""
+    def summary(req):
+        body = json.dumps(req.get("messages"), ensure_ascii=False)
+        if "Pelican" in body:
+            return {"summary": GROUP_EPISODE}
+        if "Kestrel" in body:
+            return {"summary": "Alice 和 Ethan 私下讨论了 Kestrel 收购 计划"}
+        return {"summary": "一次普通的对话"}
+
+    async with Harness(tmp_path) as h:
+        h.model.on_tool("write_summary", summary, keys={"summary"})
+        h.model.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
+                        keys={"facts", "profile_psych"})
+        await _ask(h, "我们来定一下 Pelican 发布 计划", **ALICE_GROUP)
+        await _ask(h, "Pelican 预算 我这边是 Sandpiper 级别", **BOB_GROUP)
+        await _ask(h, "好的 Pelican 发布 计划 下周定稿", **ALICE_GROUP)
+        await _ask(h, "收到 Pelican 预算 我再确认", **BOB_GROUP)
+        await _ask(h, "/new", **ALICE_GROUP)
+        await _ask(h, "聊聊 Kestrel 收购", **ALICE_P2P)
+        await _ask(h, "Kestrel 收购 的细节", **ALICE_P2P)
+        await _ask(h, "/new", **ALICE_P2P)
+        await h.idle(timeout=20)
+        rows = await h.app.db.fetchall("SELECT user_id, chat_id, visibility FROM episodes ORDER BY id")
+        assert {(r["user_id"], r["chat_id"], r["visibility"]) for r in rows} >= {
+            ("ou_alice", "oc_team", "shared"), ("ou_bob", "oc_team", "shared"),
+            ("ou_alice", "oc_p2p_alice", "private")}, [dict(r) for r in rows]
+
+        question = "还记得 Pelican 发布 计划 和 预算 吗"
+        for who in (ALICE_P2P, ALICE_OTHER_GROUP, BOB_P2P):
+            prompt = _prompt(h, await _ask(h, question, **who))
+            assert "Sandpiper" not in prompt, (who, prompt[-1200:])
+        # The control: in its own group the episode is recalled.
+        prompt = _prompt(h, await _ask(h, question, **ALICE_GROUP))
+        assert "Sandpiper" in prompt, prompt[-1500:]
+        # ... and the p2p episode is not recalled in the group, but is in p2p.
+        assert "私下讨论了 Kestrel" not in _prompt(h, await _ask(h, "还记得 Kestrel 收购 计划 吗", **ALICE_GROUP))
+        assert "私下讨论了 Kestrel" in _prompt(h, await _ask(h, "还记得 Kestrel 收购 计划 吗", **ALICE_P2P))
+
+        # /episodes (list and search) follows the same rule.
+        async def episodes_answer(command: str, who: dict) -> str:
+            before = len(h.lark.messages())
+            await h.send_text(command, **who)
+            msgs = await h.replies(before + 1)
+            return msgs[-1].text
+
+        for who in (ALICE_P2P, ALICE_OTHER_GROUP):
+            for command in ("/episodes", "/episodes Pelican"):
+                text = await episodes_answer(command, who)
+                assert "Sandpiper" not in text and "Pelican 预算" not in text, (who, command, text)
+        assert "Sandpiper" in await episodes_answer("/episodes", ALICE_GROUP)
+        assert "Sandpiper" in await episodes_answer("/episodes Pelican", ALICE_GROUP)
+        assert "Kestrel" in await episodes_answer("/episodes", ALICE_P2P)
