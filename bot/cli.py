@@ -184,12 +184,19 @@ def _loop_factory():
 def _serve(settings: Settings) -> int:
     configure_logging(settings.ethan_log_level)
     from bot.app import serve
+    from memory.db import DatabaseError
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(serve(settings))
     except KeyboardInterrupt:
         pass
+    except (DatabaseError, sqlite3.Error) as e:
+        # A corrupt file, or another process holding the write lock past the busy timeout:
+        # one line for the operator, not a traceback.
+        hint = " (another process is writing to it: stop it, or wait)" if "locked" in str(e) or "busy" in str(e) else ""
+        print(f"ethan: cannot start: database {settings.db_path}: {e}{hint}", file=sys.stderr)
+        return EXIT_FAIL
     except OSError as e:
         print(f"ethan: cannot start: {e}", file=sys.stderr)
         return EXIT_FAIL

@@ -425,6 +425,8 @@ def _read_json(path: Path) -> Any:
         raise ImportRefused(f"{path.name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except ValueError as e:
         raise ImportRefused(f"{path.name}: not valid JSON ({e})") from None
+    except RecursionError:       # a file nested thousands deep: refused in one line, no traceback
+        raise ImportRefused(f"{path.name}: nested too deeply to be an export") from None
 
 
 def _describe(name: str, what: str, error: ValidationError) -> str:
