@@ -71,6 +71,7 @@ REDELIVER_AFTER_S = 60.0   # an answer Lark did not take (the Open API down, a t
 # A message whose handling hit a database error (another process holding the write lock past the
 # busy timeout, a full disk) is handled again after these delays, then every 30 s, until the
 # 30-minute rule; the user hears from us once it has taken DB_NOTICE_AFTER_S.
+HEADER_TIMEOUT_S = 15.0    # an idle connection, or one whose request head is unfinished, is closed
 DB_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 DB_NOTICE_AFTER_S = 10.0
 DB_NOTICE = {"zh": "我这边的存储暂时出了点问题，正在重试，稍后回复你。",
@@ -99,11 +100,12 @@ class EthanApp:
         self.recover_inbox = recover_inbox
         self.memory_config = memory_config or MemoryConfig()
         self.metrics = Metrics()
-        from bot.web.auth import ConsoleAuth
+        from bot.web.auth import ConsoleAuth, read_body_within
 
         # One access decision for every route (bot/web/auth.py): a route added later is covered.
         self.auth = ConsoleAuth.from_settings(settings)
-        self.web = web.Application(client_max_size=1024 * 1024, middlewares=[self.auth.middleware])
+        self.web = web.Application(client_max_size=1024 * 1024,
+                                   middlewares=[self.auth.middleware, read_body_within()])
         self.web[APP_KEY] = self
         self.replies = ReplyRoutes({})
         self.db: Database | None = None
@@ -259,8 +261,13 @@ class EthanApp:
         if s.offline_model:
             setup_offline_model(self.web, OFFLINE_PATH)
         setup_console(self.web, self)
+        # keepalive_timeout also bounds a connection that never completes its request head
+        # (aiohttp arms it at connect; data arriving does not re-arm it); body reads have their
+        # own deadline (bot/web/auth.py read_body_within, bot/lark/routes.py). Lingering after
+        # an early answer is kept short so refused half-bodies do not hold sockets.
         self._runner = web.AppRunner(self.web, access_log=None, handle_signals=False,
-                                     shutdown_timeout=2.0)
+                                     shutdown_timeout=2.0, keepalive_timeout=HEADER_TIMEOUT_S,
+                                     lingering_time=2.0)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, s.ethan_host, s.ethan_port, reuse_address=True)
         await self._site.start()

@@ -6,6 +6,7 @@ Lark retries. Bodies over 1 MiB are refused with 413 before they are read in ful
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from bot.log import get_logger
 log = get_logger("ethan.webhook")
 
 MAX_BODY = 1024 * 1024
+BODY_READ_TIMEOUT_S = 10.0     # Lark sends a whole event at once; a body stalled this long is not Lark
 
 
 def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
@@ -26,10 +28,17 @@ def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
             on_refused("too large")
             return web.Response(status=413)
         try:
-            body = await _read_limited(request)
+            async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+                body = await _read_limited(request)
         except _TooLarge:
             on_refused("too large")
             return web.Response(status=413)
+        except TimeoutError:
+            # Half a body, then nothing (slow loris): answered and closed, not held open.
+            on_refused("timeout")
+            resp = web.Response(status=408)
+            resp.force_close()
+            return resp
         try:
             verified = webhook.verify(request.headers, body, encrypt_key=encrypt_key,
                                       verification_token=verification_token)

@@ -296,7 +296,7 @@ class ConsoleAuth:
                 if not self.same_origin(request):
                     return secure_headers(web.json_response(
                         {"error": "cross-site request refused"}, status=403))
-                if api and request.can_read_body and request.content_type != "application/json":
+                if api and request.body_exists and request.content_type != "application/json":
                     return secure_headers(web.json_response(
                         {"error": "send JSON (Content-Type: application/json)"}, status=415))
             resp = await handler(request)
@@ -317,6 +317,30 @@ def safe_next(value: str) -> str:
     if parts.scheme or parts.netloc:
         return "/"
     return value
+
+
+BODY_READ_TIMEOUT_S = 10.0    # a request body not complete this long after its headers: 408, closed
+
+
+def read_body_within(seconds: float = BODY_READ_TIMEOUT_S, *, skip: frozenset = frozenset({"/lark/events"})):
+    """A middleware reading every request body under a deadline before the handler runs
+    (aiohttp has no body read timeout: 400 connections sending half a body and stalling
+    were held open for good). /lark/events reads its own body, with the same deadline and
+    its 1 MiB limit (bot/lark/routes.py)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.can_read_body and request.path not in skip:
+            try:
+                async with asyncio.timeout(seconds):
+                    await request.read()          # cached: request.json()/post() read it from memory
+            except TimeoutError:
+                resp = web.Response(status=408, text="request body not received in time\n")
+                resp.force_close()
+                return resp
+        return await handler(request)
+
+    return middleware
 
 
 def _same(candidate: str, secret: str) -> bool:
