@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import anthropic
 
+from memory.speaker import label as speaker_label
 from memory.models import caps, route_consolidation_model
 from memory.redact import looks_like_secret, redact
 from memory.working import Turn
@@ -171,7 +172,7 @@ def transcript(turns: Sequence[Turn]) -> str:
     for t in turns:
         if t.user is not None and t.user_text:
             who = t.sender_name or t.sender_id or "user"
-            lines.append(f"[{who}]: {_clip(redact(t.user_text))}")
+            lines.append(speaker_label(_clip(redact(t.user_text)), who, ": "))   # escaped labels
         if t.assistant_text:
             lines.append(f"[assistant]: {_clip(t.assistant_text)}")
     return _tail("\n".join(lines))

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from memory.speaker import label as speaker_label
 from memory.db import Database
 
 REPLAY_CAP = 4000                   # chars per replayed stored message
@@ -191,7 +192,7 @@ def cap(text: str, limit: int = REPLAY_CAP) -> str:
 
 
 def label(text: str, name: str) -> str:
-    return f"[{name}] {text}" if name else text
+    return speaker_label(text, name)     # escaped: a member cannot fake another's label (memory/speaker.py)
 
 
 def estimate_tokens(text: str) -> int:
@@ -403,7 +404,7 @@ def _label_input(content: str | list[dict[str, Any]], name: str) -> str | list[d
         if b.get("type") == "text":
             blocks[i] = {**b, "text": label(b.get("text", ""), name)}
             return blocks
-    return [{"type": "text", "text": f"[{name}]"}] + blocks
+    return [{"type": "text", "text": speaker_label("", name).rstrip()}] + blocks
 
 
 @dataclass(frozen=True, slots=True)
