@@ -4,9 +4,14 @@ levels off". Where it is capped (memory/working.py, documented in docs/reliabili
 - the current input is cut at ``MAX_TEXT_CHARS`` (20 000, bot/lark/normalize.py);
 - once stored, every replayed message — the long question and its long answer — is cut at
   ``REPLAY_CAP`` (4 000 characters) in the hot zone: that is the ~8k per later request;
-- the hot zone replays the last ``hot_size`` (10) turns; older turns are compressed into a
-  warm summary (bounded by the summarizer), so the long turn stops costing anything verbatim
-  once it is ``hot_size`` turns old.
+- every turn since the last compression is replayed (no hole): ``hot_size`` (10) to
+  ``hot_size + compress_batch - 1`` (14) turns; once ``hot_size + compress_batch`` complete
+  turns are uncompressed the oldest ``compress_batch`` become one warm summary (bounded by the
+  summarizer), so the long turn stops costing anything verbatim after 15 turns;
+- if consolidation is behind or failing, uncompressed turns keep being replayed up to
+  ``MemoryConfig.replay_budget`` (24 000 estimated tokens beyond the newest ``hot_size``),
+  then the oldest are trimmed with a marker: the long turn then costs its two capped
+  messages (≤ 8k characters) on every request, no more.
 
 At the wire: two conversations with the same short messages, one of them opened by a 20 000
 character message; the fake model records every request."""
@@ -19,7 +24,7 @@ from bot.lark.normalize import MAX_TEXT_CHARS
 from memory.working import REPLAY_CAP, MemoryConfig
 from tests.harness import Harness
 
-FOLLOW_UPS = 13
+FOLLOW_UPS = 18
 
 
 def _chars(req) -> int:
@@ -40,15 +45,19 @@ async def _conversation(h, chat: str, first: str) -> list[int]:
 async def test_a_long_message_costs_at_most_two_replay_caps_and_then_nothing(tmp_path):
     config = MemoryConfig()
     async with Harness(tmp_path, memory_config=config) as h:
+        h.model.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
+        h.model.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
+                        keys={"facts", "profile_psych"})
         long = await _conversation(h, "oc_p2p_long", "长" * (MAX_TEXT_CHARS + 5000))
         short = await _conversation(h, "oc_p2p_short", "一条普通的开场消息")
     extra = [a - b for a, b in zip(long, short)]
     assert extra[0] <= MAX_TEXT_CHARS + 500, extra[0]               # the input itself: cut at 20k
-    # While the long turn is in the hot zone: its question and its answer, each cut at REPLAY_CAP.
-    in_hot = extra[1:config.hot_size]
-    assert all(x <= 2 * REPLAY_CAP + 500 for x in in_hot), in_hot
-    assert max(in_hot) >= REPLAY_CAP                                 # (the long turn really is replayed)
-    # Levels off: once it has left the hot zone only its (bounded) summary remains.
-    after = extra[config.hot_size + 1:]
+    # While the long turn is replayed (every turn since the last compression: up to
+    # hot_size + compress_batch - 1 of them): its question and its answer, each cut at REPLAY_CAP.
+    window = config.hot_size + config.compress_batch
+    replayed = extra[1:window]
     print("extra chars per request (long - short):", extra)
+    assert all(REPLAY_CAP <= x <= 2 * REPLAY_CAP + 500 for x in replayed), extra
+    # Levels off: once it is compressed only its (bounded) summary remains.
+    after = extra[window:]
     assert after and all(abs(x) <= 600 for x in after), (extra, long, short)
