@@ -9,7 +9,7 @@ levels off". Where it is capped (memory/working.py, documented in docs/reliabili
   turns are uncompressed the oldest ``compress_batch`` become one warm summary (bounded by the
   summarizer), so the long turn stops costing anything verbatim after 15 turns;
 - if consolidation is behind or failing, uncompressed turns keep being replayed up to
-  ``MemoryConfig.replay_budget`` (24 000 estimated tokens beyond the newest ``hot_size``),
+  ``MemoryConfig.replay_budget`` (24 000 estimated tokens; the newest 14 always replayed),
   then the oldest are trimmed with a marker: the long turn then costs its two capped
   messages (≤ 8k characters) on every request, no more.
 
