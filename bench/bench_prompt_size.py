@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import ratio, table, temp_home  # noqa: E402
-from bot.agent.agent import Agent, Memory, Turn  # noqa: E402
+from bot.agent.agent import Agent, Memory, UserTurn  # noqa: E402
 from bot.agent.model import AnthropicChatModel, make_client  # noqa: E402
 from bot.agent.prompt import MemoryBlocks, build_system  # noqa: E402
 from bot.reply import CollectingReply  # noqa: E402
@@ -159,7 +159,7 @@ async def _run(quick: bool) -> list[str]:
                 for t in range(1, turns + 1):
                     text = _user_text(rng, t)
                     before = len(fake.requests)
-                    result = await agent.respond(Turn(scope=scope, text=text, lark_message_id=f"om_long_{t}"),
+                    result = await agent.respond(UserTurn(scope=scope, text=text, message_id=f"om_long_{t}"),
                                                  CollectingReply())
                     assert result.ok, result.failure
                     ethan_req = next(r for r in fake.requests[before:] if r.kind == "chat")

@@ -18,27 +18,28 @@ import dataclasses
 import gc
 import json
 import os
-import re
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from bot.agent.agent import Agent, Memory
 from bot.agent.model import AnthropicChatModel, make_client
-from bot.commands import Commands
+from bot.commands import CommandDeps, Commands, RuntimeStats
 from bot.config import Settings
+from bot.direct import Conversations
 from bot.dispatch import Dispatcher
-from bot.handler import HandlerDeps, MessageHandler
+from bot.handler import DirectJob, HandlerDeps, MessageHandler
+from bot.inbound import Inbound
 from bot.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
-from bot.lark.normalize import Inbound
+from bot.lark.normalize import LarkDecoder
 from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
+from bot.text import is_chinese
 from bot.metrics import Metrics
 from bot.outbox import Outbox
 from bot.reply import Reply
@@ -54,7 +55,6 @@ from memory.sessions import SessionStore
 from memory.working import MemoryConfig, WorkingMemory
 
 log = get_logger("ethan.app")
-_CJK = re.compile(r"[\u3400-\u9fff]")
 
 
 def is_database_error(e: BaseException) -> bool:
@@ -68,6 +68,7 @@ def is_database_error(e: BaseException) -> bool:
 
 OFFLINE_PATH = "/_offline"
 REDELIVER_AFTER_S = 60.0   # an answer Lark did not take (the Open API down, a token problem) is tried again
+ANSWER_MARGIN_S = 15.0     # how long past the reply deadline a waiting interface still waits
 # A message whose handling hit a database error (another process holding the write lock past the
 # busy timeout, a full disk) is handled again after these delays, then every 30 s, until the
 # 30-minute rule; the user hears from us once it has taken DB_NOTICE_AFTER_S.
@@ -78,17 +79,6 @@ DB_NOTICE = {"zh": "我这边的存储暂时出了点问题，正在重试，稍
              "en": "My storage is having trouble right now; I'm retrying and will answer shortly."}
 DB_GAVE_UP = {"zh": "抱歉，存储出错，这条消息没能处理，请再发一次。",
               "en": "Sorry — a storage error kept me from handling this message; please send it again."}
-APP_KEY: web.AppKey["EthanApp"] = web.AppKey("ethan", object)
-
-
-@dataclass
-class ReplyRoutes:
-    """Replies for messages that did not come from Lark (the console playground)."""
-
-    waiting: dict[str, Reply]
-
-    def claim(self, message_id: str) -> Reply | None:
-        return self.waiting.pop(message_id, None)
 
 
 class EthanApp:
@@ -106,8 +96,6 @@ class EthanApp:
         self.auth = ConsoleAuth.from_settings(settings)
         self.web = web.Application(client_max_size=1024 * 1024,
                                    middlewares=[self.auth.middleware, read_body_within()])
-        self.web[APP_KEY] = self
-        self.replies = ReplyRoutes({})
         self.db: Database | None = None
         self.memory: Memory | None = None
         self.agent: Agent | None = None
@@ -136,6 +124,10 @@ class EthanApp:
         self.ready = False
         self.closing = False
         self.port = settings.ethan_port
+        # The console playground, the terminal chat and /chat: into the same mailboxes.
+        self.conversations = Conversations(
+            lambda: self.dispatcher, accepting=lambda: self.ready and not self.closing,
+            timeout=settings.ethan_reply_deadline + ANSWER_MARGIN_S)
 
     # -- properties ------------------------------------------------------------------
     @property
@@ -143,6 +135,10 @@ class EthanApp:
         host = self.settings.ethan_host
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         return f"http://{host}:{self.port}"
+
+    @property
+    def identity_known(self) -> bool:
+        return (not self.settings.lark_enabled) or self._identity.is_set()
 
     async def bot_open_id(self) -> str:
         """The bot's own open_id; waits until bot/v3/info has answered."""
@@ -193,12 +189,13 @@ class EthanApp:
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
                            on_failure=lambda kind: self.metrics.model_failures.labels(kind=kind).inc(),
                            on_call=self.metrics.model_calls.inc)
-        self.commands = Commands(self)
+        self.commands = Commands(CommandDeps(memory=self.memory, is_admin=s.is_admin,
+                                             bot_open_id=self.bot_open_id, runtime=self._runtime))
         self.inbox = Inbox(self.db)
         self.outbox = Outbox(self.db)
         deps = HandlerDeps(
             inbox=self.inbox, agent=self.agent, commands=self.commands,
-            make_reply=self._make_reply, bot_open_id=self.bot_open_id, is_admin=s.is_admin,
+            decode=LarkDecoder(self.bot_open_id), make_reply=self._make_reply, bot_open_id=self.bot_open_id, is_admin=s.is_admin,
             respond_to_all=s.ethan_respond_to_all, names=None,
             on_ignored=lambda reason: self.metrics.ignored.labels(reason=reason).inc(),
             on_replied=self._on_replied, retry_later=self._retry_later,
@@ -211,7 +208,7 @@ class EthanApp:
             # closed by lark_api.aclose() in stop().
             self.lark_api = OpenApi(s.lark_app_id, s.lark_app_secret, s.lark_domain, timeout=10.0)
             self.sender = LarkSender(self.lark_api)
-        # Group speakers' names: looked up in Lark when connected; the console registers its own.
+        # Group speakers' names: looked up in Lark when connected (the console names its own).
         self.names = deps.names = CachedNames(self.lark_api)
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
@@ -240,11 +237,8 @@ class EthanApp:
 
     async def _start_http(self) -> None:
         from bot.offline_model import setup_offline_model
+        from bot.web.console import ConsoleDeps, setup_console
         from bot.web.health import setup_health
-        try:  # TEMP until the console lands
-            from bot.web.console import setup_console
-        except ImportError:
-            setup_console = lambda *a: None  # noqa: E731
 
         s = self.settings
         setup_health(self.web, self)
@@ -260,7 +254,9 @@ class EthanApp:
             self.web.router.add_post("/lark/events", handler)
         if s.offline_model:
             setup_offline_model(self.web, OFFLINE_PATH)
-        setup_console(self.web, self)
+        setup_console(self.web, ConsoleDeps(
+            memory=lambda: self.memory, conversations=self.conversations, bot_open_id=self.bot_open_id,
+            auth=self.auth, offline_model=s.offline_model))
         # keepalive_timeout also bounds a connection that never completes its request head
         # (aiohttp arms it at connect; data arriving does not re-arm it); body reads have their
         # own deadline (bot/web/auth.py read_body_within, bot/lark/routes.py). Lingering after
@@ -292,9 +288,14 @@ class EthanApp:
         self._timers.add(handle)
         return self.redeliver_after_s
 
-    async def _handle(self, item: InboxItem) -> None:
+    async def _handle(self, item: InboxItem | DirectJob) -> None:
         """The handler, with database errors retried in this process (issue 17): the message
-        was acknowledged, so it must not wait silently for a restart that may come too late."""
+        was acknowledged, so it must not wait silently for a restart that may come too late.
+        A waiting interface's message (DirectJob) was not acknowledged early: its caller hears
+        the error instead (bot/direct.py)."""
+        if isinstance(item, DirectJob):
+            await self.handler(item)
+            return
         try:
             await self.handler(item)
         except Exception as e:
@@ -347,7 +348,7 @@ class EthanApp:
         """A short word to the user about their message, outside the normal reply (its uuid is
         derived from the message, so a second notice is never shown twice)."""
         bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id)
-        text = texts["zh" if _CJK.search(item.payload) else "en"]
+        text = texts["zh" if is_chinese(item.payload) else "en"]
         try:
             if item.message_id and self.sender is not None:
                 try:
@@ -356,11 +357,8 @@ class EthanApp:
                     thread = False
                 await self.sender.reply(item.message_id, "text", {"text": text}, uuid=f"r-{item.message_id}-{tag}",
                                         chat_id=item.chat_id, in_thread=thread)
-            else:
-                routed = self.replies.claim(item.message_id or "")
-                if routed is not None:
-                    await routed.finish(text)
-            bound.info("handle.user_told", notice=tag)
+                bound.info("handle.user_told", notice=tag)
+            # else: no Lark transport (an item an earlier Lark-connected run left): nobody to tell
         except Exception as e:  # noqa: BLE001 - the notice is best effort; the retry goes on
             bound.warning("handle.user_not_told", notice=tag, error=str(e)[:200])
         if finish:
@@ -427,11 +425,15 @@ class EthanApp:
         self.metrics.replies.inc()
         self.metrics.latency.observe(seconds)
 
+    def _runtime(self) -> RuntimeStats:
+        agent = self.agent
+        return RuntimeStats(model_calls=agent.calls if agent else 0,
+                            model_failures=agent.failures if agent else 0, started_at=self.started_at)
+
     def _make_reply(self, inbound: Inbound, *, resumed: bool = False) -> Reply:
-        routed = self.replies.claim(inbound.message_id)
-        if routed is not None:
-            return routed
+        """The reply for a stored (Lark) message."""
         if self.sender is None:
+            # No Lark transport, e.g. an event an earlier Lark-connected run left pending.
             from bot.reply import CollectingReply
 
             return CollectingReply()

@@ -1,6 +1,6 @@
 """Slash commands and admin commands, answered without calling the model.
 
-``Commands(app).run(inbound, text)`` returns the answer, or ``None`` when ``text`` is not
+``Commands(deps).run(inbound, text)`` returns the answer, or ``None`` when ``text`` is not
 a command (it does not start with ``/`` — or the full-width ``／`` a Chinese IME types —
 or its first word holds another slash: ``/etc/hosts 怎么改`` is a question, not a command).
 The handler calls it only for messages the bot must answer (p2p, or a group message that
@@ -27,18 +27,16 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
-from bot.agent.agent import is_chinese
-from bot.lark.normalize import Inbound
+from bot.agent.agent import Memory
+from bot.inbound import Inbound
 from bot.log import get_logger
+from bot.text import is_chinese, short, when as _when
 from memory.audit import AuditLog
 from memory.erase import erase_user, forget_memory
 from memory.modes import COMPANION, WORK, parse_mode
 from memory.scope import Scope
-
-if TYPE_CHECKING:
-    from bot.app import EthanApp
 
 log = get_logger("ethan.commands")
 
@@ -124,13 +122,8 @@ class Ctx:
         return pair[0] if self.zh else pair[1]
 
 
-def short(text: str, n: int) -> str:
-    flat = " ".join((text or "").split())
-    return flat if len(flat) <= n else flat[: n - 1] + "…"
-
-
 def when(ts: float | None) -> str:
-    return time.strftime("%m-%d %H:%M", time.localtime(ts)) if ts else ""
+    return _when(ts, "%m-%d %H:%M")
 
 
 def tail(open_id: str) -> str:
@@ -142,10 +135,29 @@ def parse_id(arg: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+@dataclass(frozen=True, slots=True)
+class RuntimeStats:
+    """What /stats shows about the running process."""
+
+    model_calls: int
+    model_failures: int
+    started_at: float        # epoch seconds; 0 when not started
+
+
+@dataclass
+class CommandDeps:
+    memory: Memory
+    is_admin: Callable[[str], bool]
+    bot_open_id: Callable[[], Awaitable[str]]    # the bot's own id: never a /reset user target
+    runtime: Callable[[], RuntimeStats]
+
+
 class Commands:
-    def __init__(self, app: "EthanApp") -> None:
-        self.app = app
-        self._audit: AuditLog | None = None
+    def __init__(self, deps: CommandDeps) -> None:
+        self.d = deps
+        self.mem = deps.memory
+        self.db = deps.memory.db
+        self.audit = AuditLog(self.db)
         self.table: dict[str, Callable[[Ctx], Awaitable[str]]] = {
             "help": self.help, "h": self.help, "?": self.help, "帮助": self.help,
             "new": self.new, "sessions": self.sessions, "resume": self.resume,
@@ -156,16 +168,6 @@ class Commands:
         self.admin_only = frozenset({"reset", "stats"})
 
     # -- plumbing ----------------------------------------------------------------------
-    @property
-    def mem(self) -> Any:
-        return self.app.memory
-
-    @property
-    def audit(self) -> AuditLog:
-        if self._audit is None or self._audit.db is not self.app.db:
-            self._audit = AuditLog(self.app.db)
-        return self._audit
-
     async def run(self, inbound: Inbound, text: str) -> str | None:
         stripped = (text or "").strip()
         if not stripped or stripped[0] not in SLASHES:
@@ -175,7 +177,7 @@ class Commands:
             return None          # a path ("/etc/hosts …") or "//", not a command: the model answers
         name = words[0].casefold() if words else "help"
         args = words[1:]
-        admin = self.app.settings.is_admin(inbound.sender_id)
+        admin = self.d.is_admin(inbound.sender_id)
         zh = True
         try:
             zh = await self._chinese(inbound, stripped)
@@ -200,7 +202,7 @@ class Commands:
         session = await self.mem.sessions.active(inbound.conv_key)
         if session is None:
             return False
-        row = await self.app.db.fetchone(
+        row = await self.db.fetchone(
             "SELECT content FROM messages WHERE session_id = ? AND sender_id = ? AND role = 'user'"
             " ORDER BY id DESC LIMIT 1", (session.id, inbound.sender_id))
         return bool(row) and is_chinese(row["content"])
@@ -223,8 +225,8 @@ class Commands:
         closed = await self.mem.sessions.close_active(ctx.inbound.conv_key)
         if closed is None:
             return ctx.t("好的，下一条消息将开始新会话。", "OK — your next message starts a new session.")
-        if self.app.queue is not None:
-            self.app.queue.request_episode(closed)
+        if self.mem.queue is not None:
+            self.mem.queue.request_episode(closed)
         return ctx.t(f"已结束会话 {closed.tail}（{closed.user_turns} 轮），下一条消息将开始新会话。",
                      f"Closed session {closed.tail} ({closed.user_turns} turns); your next message starts a new one.")
 
@@ -263,8 +265,8 @@ class Commands:
         except SessionNotFound:
             return ctx.t(f"找不到会话 “{short(ref, 30)}”。用 /sessions 查看可恢复的会话。",
                          f"No session matches “{short(ref, 30)}”. See /sessions for the ones you can resume.")
-        if before is not None and before.id != resumed.id and self.app.queue is not None:
-            self.app.queue.request_episode(before)
+        if before is not None and before.id != resumed.id and self.mem.queue is not None:
+            self.mem.queue.request_episode(before)
         if before is not None and before.id == resumed.id:
             return ctx.t(f"会话 {resumed.tail} 已经是当前会话。", f"Session {resumed.tail} is already the current one.")
         return ctx.t(f"已恢复会话 {resumed.tail}：{short(resumed.title, 40)}（{resumed.user_turns} 轮）",
@@ -302,7 +304,7 @@ class Commands:
                              "确定的话请发送：/forget all confirm",
                              "This deletes everything I remember about you: facts, behaviour rules, profile and "
                              "episodes (chat history stays). To go ahead, send: /forget all confirm")
-            result = await forget_memory(self.app.db, ctx.user)
+            result = await forget_memory(self.db, ctx.user)
             c = result.counts
             log.info("command.forget_all", chat_id=ctx.inbound.chat_id, user_id=ctx.user, **c)
             return ctx.t(f"已删除：{c['facts']} 条记忆、{c['procedures']} 条规则、{c['profile_entries']} 条画像、"
@@ -443,7 +445,7 @@ class Commands:
     async def _target(self, ctx: Ctx, words: list[str]) -> tuple[str, str] | str:
         """(open_id, label) of the user to erase, or an answer explaining what is missing."""
         explicit = [w for w in words if _OPEN_ID.match(w)]
-        bot_id = await self.app.bot_open_id()
+        bot_id = await self.d.bot_open_id()
         mentioned = [m for m in ctx.inbound.mentions
                      if m.open_id and m.open_id != bot_id and m.kind not in ("bot", "all")]
         ids = {*(w for w in explicit), *(m.open_id for m in mentioned)}
@@ -475,7 +477,7 @@ class Commands:
                          f"keeps a record). To go ahead, send: /reset user "
                          f"{' '.join(w for w in words if w.casefold() not in ('confirm', '确认'))} confirm")
         try:
-            result = await erase_user(self.app.db, target)
+            result = await erase_user(self.db, target)
         except Exception as e:
             await self.audit.record(ctx.user, "reset user", target, ctx.inbound.chat_id,
                                     f"failed: {type(e).__name__}", allowed=True)
@@ -490,7 +492,7 @@ class Commands:
                      f"{c.get('messages', 0)} messages, {c.get('episodes', 0)} episodes, …).")
 
     async def stats(self, ctx: Ctx) -> str:
-        db = self.app.db
+        db = self.db
 
         async def count(sql: str) -> int:
             row = await db.fetchone(sql)
@@ -504,11 +506,10 @@ class Commands:
         messages = await count("SELECT COUNT(*) FROM messages")
         facts = await count("SELECT COUNT(*) FROM facts WHERE superseded_at IS NULL")
         episodes = await count("SELECT COUNT(*) FROM episodes")
-        agent, queue = self.app.agent, self.app.queue
-        calls = getattr(agent, "calls", 0) if agent is not None else 0
-        failures = getattr(agent, "failures", 0) if agent is not None else 0
+        run, queue = self.d.runtime(), self.mem.queue
+        calls, failures = run.model_calls, run.model_failures
         depth = queue.depth if queue is not None else 0
-        uptime = int(time.time() - self.app.started_at) if self.app.started_at else 0
+        uptime = int(time.time() - run.started_at) if run.started_at else 0
         await self.audit.record(ctx.user, "stats", "", ctx.inbound.chat_id, "", allowed=True)
         if ctx.zh:
             return (f"统计（启动 {uptime // 3600} 小时 {uptime % 3600 // 60} 分钟）：\n"

@@ -1,9 +1,20 @@
-"""From an inbox item to an answer: parse, filter by Lark's rules, command or agent.
+"""From a message to an answer: filter by the chat rules, then command or agent.
 
-Runs inside the conversation's mailbox (bot/dispatch.py), so one conversation's
-messages are handled in order. The inbox row is marked done only after the reply was
-handed to the transport; a crash before that leaves it pending, to be answered on the
-next start (with the same uuids, so Lark never shows a reply twice).
+Two kinds of job reach it, both inside the conversation's mailbox (bot/dispatch.py), so one
+conversation's messages are handled in order:
+
+* an ``InboxItem`` — a Lark event acknowledged after it was stored. The transport's
+  ``decode`` turns the stored payload into the neutral ``Inbound``. The inbox row is marked
+  done only after the reply was handed to the transport; a crash before that leaves it
+  pending, to be answered on the next start (with the same uuids, so Lark never shows a
+  reply twice).
+* a ``DirectJob`` — an interface that waits for its answer (console playground, terminal
+  chat, ``/chat``) hands over its ``Inbound``, its ``Reply`` and a future the handler
+  resolves with the ``Outcome``. Nothing is written to the inbox: the caller is still
+  there to hear the outcome (see bot/direct.py for what replaces the inbox's guarantees).
+
+Nothing here knows a transport: messages are ``bot.inbound.Inbound``, replies
+``bot.reply.Reply``, and an answer that could not be delivered is a ``DeliveryError``.
 """
 
 from __future__ import annotations
@@ -14,19 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
-from pydantic import ValidationError
-
-from bot.agent.agent import Agent, Turn, is_chinese
+from bot.agent.agent import Agent, UserTurn
+from bot.inbound import Inbound, NotAMessage
 from bot.inbox import STALE_SECONDS, Inbox, InboxItem
-from bot.lark.events import MESSAGE_RECEIVE, Envelope
-from bot.lark.openapi import Category, LarkApiError
-from bot.lark.normalize import Inbound, parse_event
 from bot.log import get_logger
-from bot.reply import Reply
+from bot.reply import DeliveryError, Reply
+from bot.text import is_chinese
 
 log = get_logger("ethan.handler")
-
-GIVE_UP = (Category.PERMISSION, Category.BAD_REQUEST)   # Lark will not take this answer later either
 
 UNREADABLE = {
     "image": ("图片", "images"), "file": ("文件", "files"), "audio": ("语音", "voice messages"),
@@ -45,6 +51,21 @@ def unreadable_reply(message_type: str, *, chinese: bool = True) -> str:
     return f"Sorry, I can't read {en} yet — could you tell me in text?"
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str            # answered | ignored | stopped (| timeout, from bot/direct.py)
+    reason: str = ""       # why ignored
+
+
+@dataclass(slots=True)
+class DirectJob:
+    """A message whose sender waits for the outcome (bot/direct.py)."""
+
+    inbound: Inbound
+    reply: Reply
+    done: "asyncio.Future[Outcome]"
+
+
 class CommandRunner(Protocol):
     async def run(self, inbound: Inbound, text: str) -> str | None:
         """The command's answer, or None when ``text`` is not a command."""
@@ -59,6 +80,9 @@ class HandlerDeps:
     inbox: Inbox
     agent: Agent
     commands: CommandRunner
+    # The transport's adapter for stored items: payload -> Inbound; NotAMessage (ignored) or
+    # ValueError (unparseable) otherwise.
+    decode: Callable[[str], Awaitable[Inbound]]
     make_reply: Callable[..., Reply]   # (inbound, *, resumed: an earlier run started it)
     bot_open_id: Callable[[], Awaitable[str]]   # waits until the bot's identity is known
     is_admin: Callable[[str], bool]
@@ -76,25 +100,52 @@ class MessageHandler:
         self.d = deps
         self.clock = clock
 
-    async def __call__(self, item: InboxItem) -> None:
-        await self.handle(item)
+    async def __call__(self, job: InboxItem | DirectJob) -> None:
+        if isinstance(job, DirectJob):
+            await self.handle_direct(job)
+        else:
+            await self.handle(job)
+
+    async def handle_direct(self, job: DirectJob) -> None:
+        inbound = job.inbound
+        bound = log.bind(message_id=inbound.message_id, chat_id=inbound.chat_id, transport=inbound.transport)
+        try:
+            reason = self.skip_reason(inbound, await self.d.bot_open_id())
+            if reason:
+                bound.info("event.ignored", reason=reason)
+                if self.d.on_ignored is not None:
+                    self.d.on_ignored(reason)
+                outcome = Outcome("ignored", reason)
+            else:
+                started = time.monotonic()
+                await self._answer(inbound, job.reply, bound)
+                if self.d.on_replied is not None:
+                    self.d.on_replied(time.monotonic() - started)
+                outcome = Outcome("answered")
+        except BaseException as e:
+            if not job.done.done():
+                if isinstance(e, Exception):
+                    job.done.set_exception(e)
+                else:   # cancelled at the shutdown deadline: the waiter hears it, not a hang
+                    job.done.set_result(Outcome("stopped", "the bot stopped before answering"))
+            raise
+        if not job.done.done():
+            job.done.set_result(outcome)
 
     async def handle(self, item: InboxItem) -> None:
         d = self.d
         bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id)
         await d.inbox.start(item.id)
         try:
-            # stdlib json, as at intake: pydantic's parser stops at depth 200 (an event intake took)
-            envelope = Envelope.model_validate(json.loads(item.payload))
-            if envelope.header.event_type != MESSAGE_RECEIVE:
-                await self._ignore(item, "unhandled event type", bound)
-                return
-            bot_id = await d.bot_open_id()
-            inbound = parse_event(envelope, bot_open_id=bot_id)
-        except (ValidationError, ValueError, RecursionError) as e:
+            inbound = await d.decode(item.payload)
+        except NotAMessage as e:
+            await self._ignore(item, str(e), bound)
+            return
+        except (ValueError, RecursionError) as e:   # pydantic's ValidationError included
             bound.warning("event.unparseable", error=str(e)[:300])
             await d.inbox.finish(item.id, "failed", "unparseable event")
             return
+        bot_id = await d.bot_open_id()
 
         reason = self.skip_reason(inbound, bot_id)
         if reason:
@@ -106,18 +157,18 @@ class MessageHandler:
         try:
             await self._answer(inbound, reply, bound)
             await d.inbox.finish(item.id, "done")
-        except LarkApiError as e:
-            # Delivery failed after the sender's retries; `reply.failed` already says why, with
-            # the ids. Lark refused for good (permission, a bad request): recorded as failed, not
-            # replayed at every start. Otherwise it stays pending and is tried again later (the
-            # stored answer is replayed under the same uuid) until the 30-minute rule drops it.
+        except DeliveryError as e:
+            # Delivery failed after the transport's retries; its own log line already says why,
+            # with the ids. Refused for good: recorded as failed, not replayed at every start.
+            # Otherwise it stays pending and is tried again later (the stored answer is
+            # replayed under the same uuid) until the 30-minute rule drops it.
             retry_in = None
-            if e.category in GIVE_UP:
-                await d.inbox.finish(item.id, "failed", f"lark code {e.code}: {e.msg}")
+            if e.permanent:
+                await d.inbox.finish(item.id, "failed", e.reason)
             elif d.retry_later is not None:
                 retry_in = d.retry_later(item)
-            bound.warning("reply.undelivered", code=e.code, category=e.category.value,
-                          inbox="failed" if e.category in GIVE_UP else "pending", retry_in_s=retry_in)
+            bound.warning("reply.undelivered", **e.fields,
+                          inbox="failed" if e.permanent else "pending", retry_in_s=retry_in)
             return
         except asyncio.CancelledError:
             # Cancelled at the shutdown deadline after the answer was delivered (e.g. while the
@@ -128,7 +179,7 @@ class MessageHandler:
         if d.on_replied is not None:
             d.on_replied(time.monotonic() - started)
 
-    async def _answer(self, inbound: Inbound, reply: Any, bound: Any) -> None:
+    async def _answer(self, inbound: Inbound, reply: Reply, bound: Any) -> None:
         d = self.d
         chinese = is_chinese(inbound.text) or not inbound.text
         if inbound.text == "" and inbound.message_type not in ("text", "post"):
@@ -145,15 +196,18 @@ class MessageHandler:
                 bound.info("command.answered", command=inbound.text.split()[0][:32])
             else:
                 name = ""
-                if inbound.chat_type != "p2p" and d.names is not None:
-                    name = await d.names.name(inbound.sender_id)
-                turn = Turn(scope=inbound.scope(is_admin=d.is_admin(inbound.sender_id)),
+                if inbound.chat_type != "p2p":   # a group's speakers are told apart by name
+                    name = inbound.sender_name
+                    if not name and d.names is not None:
+                        name = await d.names.name(inbound.sender_id)
+                turn = UserTurn(scope=inbound.scope(is_admin=d.is_admin(inbound.sender_id)),
                             text=inbound.text, sender_name=name,
-                            lark_message_id=inbound.message_id, truncated=inbound.truncated)
+                            message_id=inbound.message_id, truncated=inbound.truncated)
                 await d.agent.respond(turn, reply)
 
     def skip_reason(self, inbound: Inbound, bot_id: str) -> str:
-        """Lark's rules for what the bot answers (DESIGN.md §5); '' means answer."""
+        """The chat rules for what the bot answers (DESIGN.md §5, Lark's, kept by every
+        interface so the console shows what Lark would do); '' means answer."""
         if inbound.from_bot or (inbound.sender_id and inbound.sender_id == bot_id):
             return "sent by a bot"
         if not inbound.sender_id:

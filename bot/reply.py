@@ -1,14 +1,31 @@
-"""How the agent answers, whatever the interface (Lark, console playground, terminal).
+"""How the agent answers, whatever the interface (Lark, console playground, terminal, /chat).
 
 One ``Reply`` per inbound message. The agent calls ``working()`` once when it starts,
 ``stream()`` with the whole text so far while the model is still writing (an
 implementation may ignore it, or show it in a streaming card), and ``finish()``
 exactly once with the final text — the answer, a command's output, or an apology.
+
+A ``finish`` that could not deliver raises ``DeliveryError``: the only failure the handler
+knows about, so a transport's own errors (Lark's codes and categories) stay in its package.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
+
+
+class DeliveryError(Exception):
+    """The transport did not take the final answer, after its own retries.
+
+    ``permanent``: it never will (no permission, a request it refuses) — record the message as
+    failed; otherwise the reason may pass (the service down, a token problem) and the message
+    is tried again later. ``fields`` go on the handler's log line (the transport's codes)."""
+
+    def __init__(self, reason: str, *, permanent: bool, **fields: object) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.permanent = permanent
+        self.fields = fields
 
 
 class Reply(Protocol):

@@ -3,11 +3,10 @@
 The terminal chat starts an ``EthanApp`` in this process with the Lark transport off
 (a copy of the settings with no app id, the HTTP server on a free loopback port — which is
 where the built-in offline model is served when there is no ``ANTHROPIC_API_KEY``). Each
-line the user types becomes a synthetic Lark ``im.message.receive_v1`` event in a p2p chat
-of its own (``oc_cli_<user>``), built like the console playground's and fed to
-``app.intake``: inbox, dispatcher, handler, slash commands (bot/commands.py), agent and
-memory are exactly Lark's. Only the reply object is the terminal's (``TerminalReply``,
-registered in ``app.replies.waiting`` under the message id).
+line the user types becomes a neutral ``Inbound`` (bot/inbound.py) in a p2p chat of its own
+(``oc_cli_<user>``), handed to ``app.conversations.ask`` with this line's ``TerminalReply``:
+dispatcher, handler, slash commands (bot/commands.py), agent and memory are exactly Lark's;
+no Lark event is made up and nothing goes to Lark's inbox.
 
 Leaving (``/exit``, ``/quit``, end of input, Ctrl-C) closes the session — the app's close
 listener asks for its episode (written when the session had at least two turns) — then
@@ -23,23 +22,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from bot.config import Settings
+from bot.inbound import TERMINAL, typed_message
+from bot.text import ambiguous_session, short as _short
 from memory.scope import conversation_key
+
+if TYPE_CHECKING:
+    from bot.app import EthanApp
+    from memory.sessions import SessionInfo
 
 CHAT_PREFIX = "oc_cli_"
 EXIT_WORDS = ("/exit", "/quit", "／exit", "／quit")
 PROMPT = "you> "
 ANSWER = "ethan> "
-EXTRA_WAIT = 15.0          # seconds beyond the reply deadline before giving up on an answer
 RECAP_MESSAGES = 6         # messages of a resumed session shown on start
 RECAP_CHARS = 200
 
@@ -58,21 +60,7 @@ def chat_settings(settings: Settings) -> Settings:
                                        "ethan_host": "127.0.0.1"})
 
 
-def build_cli_event(*, user_id: str, text: str, bot_open_id: str, message_id: str) -> dict:
-    """A p2p ``im.message.receive_v1`` event from the local user, as the playground builds it."""
-    from bot.web.api import build_event
-
-    event = build_event(user_id=user_id, text=text, chat="p2p", mention=False, bot_open_id=bot_open_id,
-                        message_id=message_id)
-    event["header"]["event_id"] = "ev_cli_" + uuid.uuid4().hex
-    event["header"]["app_id"] = "cli"
-    message = event["event"]["message"]
-    message["chat_id"] = cli_chat_id(user_id)
-    message["user_agent"] = "ethan-cli"
-    return event
-
-
-def terminal_app(settings: Settings) -> Any:
+def terminal_app(settings: Settings) -> "EthanApp":
     """An EthanApp that never answers other processes' unanswered events.
 
     A running ``ethan serve`` on the same database keeps the events it is answering as
@@ -191,7 +179,7 @@ class TerminalChat:
         self.progressive = self.out.isatty()
         self.chat_id = cli_chat_id(user_id)
         self.conv_key = conversation_key(self.chat_id)
-        self.app: Any = None
+        self.app: "EthanApp | None" = None
 
     def say(self, text: str) -> None:
         """A status line (stderr)."""
@@ -227,7 +215,7 @@ class TerminalChat:
         self.say(f"Ethan terminal chat — user {self.user_id}, {model}. "
                  "/help for commands; /exit, /quit or Ctrl-D to leave.")
 
-    async def _resume(self, ref: str) -> Any:
+    async def _resume(self, ref: str) -> "SessionInfo | None":
         """Make the session ``ref`` this conversation's active one (SessionStore.resume: the
         CLI conversation's own sessions, or the user's own p2p sessions elsewhere) and show
         its last messages. Returns the session it closed, if any (its episode is then due).
@@ -246,11 +234,7 @@ class TerminalChat:
             try:
                 resumed = await store.resume(self.conv_key, ref, user_id=self.user_id)
             except AmbiguousSession as e:
-                lines = [f"ethan: {ref!r} matches {e.total} sessions; type more of the id:"]
-                lines += [f"  {c.id}  {_when(c.updated_at)}  {_short(c.title, 40)}" for c in e.candidates]
-                if e.total > len(e.candidates):
-                    lines.append(f"  … and {e.total - len(e.candidates)} more")
-                raise ResumeError("\n".join(lines)) from None
+                raise ResumeError(ambiguous_session(ref, e)) from None
             except SessionNotFound as e:
                 if (ref or "").strip().lower() == "last":
                     msg = f"ethan: no session of {self.user_id} to resume"
@@ -288,43 +272,22 @@ class TerminalChat:
                 self.say("(terminal: /exit, /quit or Ctrl-D to leave; ethan -r last resumes)")
 
     async def send(self, text: str) -> TerminalReply:
-        """One message through intake → dispatcher → handler → command or agent; printed."""
-        app = self.app
-        bot_id = await app.bot_open_id()
-        message_id = "om_cli_" + uuid.uuid4().hex
-        event = build_cli_event(user_id=self.user_id, text=text, bot_open_id=bot_id, message_id=message_id)
+        """One message through dispatcher → handler → command or agent; printed."""
+        inbound = typed_message(transport=TERMINAL, message_id="om_cli_" + uuid.uuid4().hex,
+                                chat_id=self.chat_id, sender_id=self.user_id, text=text)
         reply = TerminalReply(self.out, progressive=self.progressive)
-        app.replies.waiting[message_id] = reply
-        try:
-            accepted = await app.intake.accept(json.dumps(event, ensure_ascii=False), event)
-            if accepted.status != "accepted":
-                self.say(f"ethan: message not taken ({accepted.status}: {accepted.reason or 'no reason'})")
-                return reply
-            status = await self._wait(reply, message_id)
-            if status:
-                self.say(f"ethan: {status}")
-        finally:
-            app.replies.waiting.pop(message_id, None)
-        return reply
+        from bot.direct import NotAccepting
 
-    async def _wait(self, reply: TerminalReply, message_id: str) -> str:
-        """'' once answered; otherwise why there is no answer."""
-        db = self.app.db
-        deadline = time.monotonic() + float(self.settings.ethan_reply_deadline) + EXTRA_WAIT
-        while True:
-            try:
-                await asyncio.wait_for(reply.done.wait(), 0.2)
-                return ""
-            except asyncio.TimeoutError:
-                pass
-            row = await db.fetchone("SELECT status, note FROM inbox WHERE message_id = ?", (message_id,))
-            if row is not None and row["status"] in ("ignored", "failed"):
-                return f"no answer ({row['note'] or row['status']})"
-            if row is not None and row["status"] == "done":
-                await asyncio.sleep(0)
-                return "" if reply.done.is_set() else "no answer (handled without a reply)"
-            if time.monotonic() > deadline:
-                return "no answer within the reply deadline"
+        try:
+            outcome = await self.app.conversations.ask(inbound, reply)
+        except NotAccepting:
+            self.say("ethan: message not taken (the bot is not accepting messages right now)")
+            return reply
+        if outcome.status == "ignored":
+            self.say(f"ethan: no answer ({outcome.reason})")
+        elif outcome.status != "answered":
+            self.say(f"ethan: {outcome.reason or 'no answer'}")
+        return reply
 
     async def _close(self) -> ChatOutcome:
         """The spec: on leaving, the session ends; >= 2 turns → an episode (the app's close
@@ -339,14 +302,6 @@ class TerminalChat:
         return ChatOutcome(info.id, info.user_turns)
 
 
-def _short(text: str, n: int) -> str:
-    flat = " ".join((text or "").split())
-    return flat if len(flat) <= n else flat[: n - 1] + "…"
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
-
-
-async def run_chat(settings: Settings, *, user_id: str, resume: str | None = None, **streams: Any) -> ChatOutcome:
+async def run_chat(settings: Settings, *, user_id: str, resume: str | None = None,
+                   **streams: IO[str]) -> ChatOutcome:
     return await TerminalChat(settings, user_id=user_id, resume=resume, **streams).run()

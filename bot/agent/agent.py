@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -23,20 +22,27 @@ from bot.agent.prompt import MemoryBlocks, build_system, mark_cache, unique_fact
 from bot.agent.router import route
 from bot.log import get_logger
 from bot.reply import Reply
+from bot.text import is_chinese
 from bot.tools import TOOL_SPECS, ToolContext
+from memory.consolidation_queue import ConsolidationQueue
+from memory.db import Database
+from memory.episodic import EpisodeStore
+from memory.facts import FactStore
+from memory.modes import ModeStore
+from memory.procedures import ProcedureStore
+from memory.profile import ProfileStore
 from memory.scope import Scope
+from memory.sessions import SessionStore
+from memory.working import WorkingMemory
 
 log = get_logger("ethan.agent")
 
-_CJK = re.compile(r"[\u3400-\u9fff\u3040-\u30ff\uac00-\ud7af]")
-
-
 @dataclass(frozen=True, slots=True)
-class Turn:
+class UserTurn:
     scope: Scope
     text: str
     sender_name: str = ""
-    lark_message_id: str | None = None
+    message_id: str | None = None     # the transport's id: a redelivery is recognised by it
     truncated: bool = False
 
 
@@ -44,15 +50,15 @@ class Turn:
 class Memory:
     """The memory layers the agent uses (all share one Database)."""
 
-    db: Any
-    sessions: Any
-    working: Any
-    facts: Any
-    procedures: Any
-    profile: Any
-    episodes: Any
-    modes: Any
-    queue: Any = None          # ConsolidationQueue; None = no background consolidation
+    db: Database
+    sessions: SessionStore
+    working: WorkingMemory
+    facts: FactStore
+    procedures: ProcedureStore
+    profile: ProfileStore
+    episodes: EpisodeStore
+    modes: ModeStore
+    queue: ConsolidationQueue | None = None   # None = no background consolidation
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,6 @@ class AgentResult:
     tools: tuple[dict, ...] = ()
     usage: dict = field(default_factory=dict)
     replayed: bool = False
-
-
-def is_chinese(text: str) -> bool:
-    return bool(_CJK.search(text))
 
 
 APOLOGIES = {
@@ -126,18 +128,18 @@ class Agent:
                             episodes=episodes, long_term=view.long_term, summary=view.summary,
                             hot_turns=len(view.hot_turns))
 
-    async def respond(self, turn: Turn, reply: Reply) -> AgentResult:
+    async def respond(self, turn: UserTurn, reply: Reply) -> AgentResult:
         m, scope = self.memory, turn.scope
         started = time.monotonic()
         deadline = started + self.deadline
         model_name = getattr(self.model, "name", "")
         appended = await m.sessions.append_user(
             scope, turn.text, sender_name=turn.sender_name, model=model_name,
-            lark_message_id=turn.lark_message_id)
+            lark_message_id=turn.message_id)
         session = appended.session
         if appended.closed is not None and m.queue is not None:
             m.queue.request_episode(appended.closed)
-        bound = log.bind(chat_id=scope.chat_id, message_id=turn.lark_message_id or "",
+        bound = log.bind(chat_id=scope.chat_id, message_id=turn.message_id or "",
                          session_id=session.id, user_id=scope.user_id)
 
         if appended.duplicate:

@@ -1,4 +1,5 @@
-"""From a verified Lark event to the frozen ``Inbound`` the rest of the bot uses.
+"""From a verified Lark event to the neutral, frozen ``Inbound`` (bot/inbound.py) the rest of
+the bot uses: this adapter translates only.
 
 Text is read from ``text`` and ``post`` messages; the bot's own @-placeholder is
 stripped (so commands parse), other ``@_user_N`` placeholders become ``@Name``.
@@ -9,64 +10,32 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import unicodedata
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
-from bot.lark.events import Envelope, MessageEvent
-from memory.scope import Scope, conversation_key
+from bot.inbound import LARK, MAX_TEXT_CHARS, Inbound, Mention, NotAMessage
+from bot.lark.events import MESSAGE_RECEIVE, Envelope, MessageEvent
+from bot.text import SURROGATE, clean_text
 
-BOT_SENDER_TYPES = frozenset({"bot", "app"})
 READABLE_TYPES = frozenset({"text", "post"})
-MAX_TEXT_CHARS = 20_000
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")   # lone surrogates cannot be stored as UTF-8
+
+MentionRef = Mention      # Lark's mention, in the neutral shape
 
 
-@dataclass(frozen=True, slots=True)
-class MentionRef:
-    key: str
-    open_id: str
-    name: str
-    kind: str      # user | bot | all
+class LarkDecoder:
+    """The handler's ``decode`` for Lark: an inbox item's stored event → ``Inbound``.
 
+    Raises ``NotAMessage`` for events that are not messages, ``ValueError`` (pydantic's
+    ``ValidationError`` is one) or ``RecursionError`` for a payload that does not parse."""
 
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    event_id: str
-    message_id: str
-    chat_id: str
-    chat_type: str            # p2p | group
-    thread_id: str
-    root_id: str
-    sender_id: str
-    sender_type: str
-    message_type: str
-    text: str                 # readable text, bot mention stripped; "" when unreadable
-    truncated: bool           # text was cut at MAX_TEXT_CHARS for the model
-    mentions: tuple[MentionRef, ...]
-    mentions_bot: bool
-    mentions_all: bool
-    create_time: float        # seconds since epoch, as Lark reports
-    sender_name: str = ""
-    content_error: str = ""   # why content could not be read, for the log
+    def __init__(self, bot_open_id: Callable[[], Awaitable[str]]) -> None:
+        self.bot_open_id = bot_open_id
 
-    @property
-    def conv_key(self) -> str:
-        return conversation_key(self.chat_id, self.thread_id)
-
-    @property
-    def from_bot(self) -> bool:
-        return self.sender_type in BOT_SENDER_TYPES
-
-    @property
-    def in_thread(self) -> bool:
-        return bool(self.thread_id)
-
-    def scope(self, *, is_admin: bool) -> Scope:
-        return Scope(user_id=self.sender_id, chat_id=self.chat_id, chat_type=self.chat_type,
-                     thread_id=self.thread_id, message_id=self.message_id, is_admin=is_admin)
+    async def __call__(self, payload: str) -> Inbound:
+        # stdlib json, as at intake: pydantic's parser stops at depth 200 (an event intake took)
+        envelope = Envelope.model_validate(json.loads(payload))
+        if envelope.header.event_type != MESSAGE_RECEIVE:
+            raise NotAMessage("unhandled event type")
+        return parse_event(envelope, bot_open_id=await self.bot_open_id())
 
 
 def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
@@ -97,6 +66,7 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
     if truncated:
         text = text[:MAX_TEXT_CHARS]
     return Inbound(
+        transport=LARK,
         event_id=envelope.header.event_id,
         message_id=msg.message_id,
         chat_id=msg.chat_id,
@@ -165,13 +135,6 @@ def flatten_post(content: dict) -> str:
     return "\n".join(lines)
 
 
-def clean_text(text: str) -> str:
-    text = unicodedata.normalize("NFC", text)
-    text = _CONTROL.sub("", text)
-    text = _SURROGATE.sub("\ufffd", text)
-    return text.strip()
-
-
 def epoch_seconds(value: str | None) -> float:
     """Lark timestamps come as strings in ms (or s); 0.0 when unusable (not a number, NaN,
     infinite, negative: "nan" became a NULL create_time, which the inbox then took for a
@@ -190,7 +153,7 @@ def scrub(value: Any) -> Any:
     escape them (``"\\ud800"``) but UTF-8 — SQLite, Lark, the model — cannot carry them: one in
     a text was accepted at intake and refused by the handler, unanswered."""
     if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+        return SURROGATE.sub("\ufffd", value) if SURROGATE.search(value) else value
     if isinstance(value, dict):
         return {scrub(k): scrub(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -200,4 +163,4 @@ def scrub(value: Any) -> Any:
 
 def has_surrogates(raw: str) -> bool:
     """Cheap test on the event's JSON text: a surrogate character or its escape."""
-    return bool(_SURROGATE.search(raw)) or "\\ud" in raw.lower()
+    return bool(SURROGATE.search(raw)) or "\\ud" in raw.lower()

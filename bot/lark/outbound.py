@@ -45,6 +45,7 @@ from bot.lark.cards import (
     streaming_card,
 )
 from bot.lark.openapi import Category, LarkApiError, OpenApi
+from bot.reply import DeliveryError
 from bot.lark.ratelimit import KeyedRateLimiter
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------------------
 
 UUID_MAX = 50  # Lark's limit on the idempotency uuid of a message
+
+
+GIVE_UP = (Category.PERMISSION, Category.BAD_REQUEST)   # Lark will not take this answer later either
 
 
 def derive_uuid(base: str, *parts: object) -> str:
@@ -530,6 +534,14 @@ class LarkReply:
             self._wake.set()
 
     async def finish(self, text: str) -> None:
+        try:
+            await self._finish(text)
+        except LarkApiError as e:
+            # The handler knows no Lark codes: say whether the answer can ever be delivered.
+            raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=e.category in GIVE_UP,
+                                code=e.code, category=e.category.value) from e
+
+    async def _finish(self, text: str) -> None:
         if self._finished:
             self._log.warning("lark.reply.finish_again")
             return

@@ -29,7 +29,10 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 
 from bot.log import get_logger
-from bot.web.api import ApiError, ConsoleData, api_routes, check_user
+from bot.web.api import api_routes
+from bot.web.chat import WebChat
+from bot.web.data import ApiError, ConsoleData, ConsoleDeps, check_user
+from bot.web.playground import Playground
 from bot.web.auth import ConsoleAuth, COOKIE, safe_next, secure_headers
 
 log = get_logger("ethan.console")
@@ -119,8 +122,8 @@ def cell(label: str, content: Any, cls: str = "") -> Markup:
 # --------------------------------------------------------------------------------------
 
 class Pages:
-    def __init__(self, ethan: Any, data: ConsoleData, auth: ConsoleAuth) -> None:
-        self.ethan = ethan
+    def __init__(self, deps: ConsoleDeps, data: ConsoleData, auth: ConsoleAuth) -> None:
+        self.d = deps
         self.data = data
         self.auth = auth
 
@@ -137,7 +140,7 @@ class Pages:
             account = Markup('<form method="post" action="/logout" class="logout">'
                              '<button type="submit" class="link">Sign out</button></form>')
         badge = Markup("")
-        if getattr(self.ethan.settings, "offline_model", False):
+        if self.d.offline_model:
             badge = tag("span", "offline model", class_="badge offline",
                         title="No ANTHROPIC_API_KEY: answers come from the built-in offline model")
         body = render("base.html", title=title, page=page, nav=nav, account=account, badge=badge, content=content)
@@ -166,7 +169,7 @@ class Pages:
         users = await self.data.users()
         options = join(tag("option", u.get("name") or "", value=u["id"]) for u in users)
         offline = Markup("")
-        if getattr(self.ethan.settings, "offline_model", False):
+        if self.d.offline_model:
             offline = Markup("Answers come from the built-in <strong>offline model</strong> "
                              "(no <code>ANTHROPIC_API_KEY</code>): deterministic, marked <code>[offline]</code>, "
                              "and it calls the same memory tools.")
@@ -425,12 +428,11 @@ async def static(request: web.Request) -> web.StreamResponse:
     return secure_headers(resp, cache=True)
 
 
-def setup_console(web_app: web.Application, ethan: Any) -> None:
-    """Register the console pages, the JSON API, the static files and the login routes."""
-    s = ethan.settings
-    auth = getattr(ethan, "auth", None) or ConsoleAuth.from_settings(s)   # the app's middleware shares it
-    data = ConsoleData(ethan)
-    pages = Pages(ethan, data, auth)
+def setup_console(web_app: web.Application, deps: ConsoleDeps) -> None:
+    """Register the console pages, the JSON API, /chat, the static files and the login routes."""
+    auth = deps.auth       # the app's middleware shares it (one access decision for every route)
+    data = ConsoleData(deps.memory)
+    pages = Pages(deps, data, auth)
     web_app[CONSOLE_KEY] = data
 
     def page(fn):
@@ -460,7 +462,7 @@ def setup_console(web_app: web.Application, ethan: Any) -> None:
     r.add_post("/login", pages.login)
     r.add_post("/logout", pages.logout)
     r.add_get("/static/{name}", static)
-    for method, path, handler in api_routes(data):
+    for method, path, handler in api_routes(data, Playground(deps, data), WebChat(deps, data)):
         r.add_route(method, path, auth.guard(handler, api=True))
 
     async def api_not_found(request: web.Request) -> web.Response:

@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import time
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from bot.config import Settings
+from bot.metrics import Metrics
 
-def _why_not(ethan, db_ok: bool, transport: dict) -> str:
+
+class Probed(Protocol):
+    """What the health and metrics endpoints read (the composition root provides it)."""
+
+    settings: Settings
+    metrics: Metrics
+    ready: bool
+    closing: bool
+    started_at: float
+    db: Any              # memory.db.Database | None (``is_open``)
+    intake: Any          # set once the webhook intake exists
+    long_connection: Any  # ``is_connected``, ``status()``
+    agent: Any           # ``model.name``
+    queue: Any           # ``depth``
+    dispatcher: Any      # ``conversations``
+
+    @property
+    def identity_known(self) -> bool: ...
+
+
+def _why_not(ethan: Probed, db_ok: bool, transport: dict) -> str:
     if ethan.closing:
         return "stopping"
     if not ethan.ready:
@@ -20,7 +43,7 @@ def _why_not(ethan, db_ok: bool, transport: dict) -> str:
     return ""
 
 
-def setup_health(web_app: web.Application, ethan) -> None:
+def setup_health(web_app: web.Application, ethan: Probed) -> None:
     async def healthz(request: web.Request) -> web.Response:
         s = ethan.settings
         db_ok = ethan.db is not None and ethan.db.is_open
@@ -32,7 +55,7 @@ def setup_health(web_app: web.Application, ethan) -> None:
             lc = ethan.long_connection
             state = lc.status() if lc is not None else {"state": "starting", "reason": "not started"}
             transport = {"kind": "ws", "ready": bool(lc and lc.is_connected), **state}
-        identity = (not s.lark_enabled) or ethan._identity.is_set()
+        identity = ethan.identity_known
         ready = bool(ethan.ready and db_ok and transport["ready"])
         body = {
             "status": "ok" if ready else "starting" if not ethan.closing else "stopping",
