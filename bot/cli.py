@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable
 
 from bot.config import ConfigError, Settings, load_settings
 from bot.log import configure_logging
+from bot.text import ambiguous_session, short, when
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 _USER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
@@ -273,14 +274,7 @@ async def _open(settings: Settings, *, create: bool = False):
 
 
 def _when(ts: float | None, *, seconds: bool = False) -> str:
-    if not ts:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M", time.localtime(ts))
-
-
-def _flat(text: str, n: int) -> str:
-    flat = " ".join((text or "").split())
-    return flat if len(flat) <= n else flat[: n - 1] + "…"
+    return when(ts, "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M", empty="-")
 
 
 def _width(text: str) -> int:
@@ -299,11 +293,7 @@ async def _resolve(store: Any, ref: str, user: str | None):
     try:
         return await store.resolve(ref, user_id=user)
     except AmbiguousSession as e:
-        lines = [f"ethan: {ref!r} matches {e.total} sessions; type more of the id:"]
-        lines += [f"  {c.id}  {_when(c.updated_at)}  {_flat(c.title, 40)}" for c in e.candidates]
-        if e.total > len(e.candidates):
-            lines.append(f"  … and {e.total - len(e.candidates)} more")
-        raise CliError("\n".join(lines)) from None
+        raise CliError(ambiguous_session(ref, e, empty_time="-")) from None
     except SessionNotFound:
         who = f" of {user}" if user else ""
         if (ref or "").strip().lower() == "last":
@@ -334,7 +324,7 @@ async def _session_list(settings: Settings, args: argparse.Namespace) -> int:
     rows = [("ID", "UPDATED", "MSGS", "CHAT", "TITLE")]
     for s in sessions:
         rows.append((s.id + ("" if s.closed_at else " *"), _when(s.updated_at), str(s.message_count),
-                     _flat(_chat_label(s), 40), _flat(s.title, 40)))
+                     short(_chat_label(s), 40), short(s.title, 40)))
     widths = [max(_width(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         cells = [_pad(r[0], widths[0]), _pad(r[1], widths[1]), r[2].rjust(widths[2]), _pad(r[3], widths[3]), r[4]]
@@ -369,7 +359,7 @@ async def _session_show(settings: Settings, args: argparse.Namespace) -> int:
         who = m.role
         if m.role == "user" and (m.sender_name or m.sender_id):
             who += f" ({m.sender_name or m.sender_id})"
-        print(f"[{_when(m.created_at, seconds=True)}] {who}: {_flat(m.content, SHOW_CHARS)}")
+        print(f"[{_when(m.created_at, seconds=True)}] {who}: {short(m.content, SHOW_CHARS)}")
     return EXIT_OK
 
 
@@ -384,7 +374,7 @@ async def _session_delete(settings: Settings, args: argparse.Namespace) -> int:
         store = SessionStore(db)
         s = await _resolve(store, args.id, user)
         if not args.yes:
-            question = (f"Delete session {s.id} “{_flat(s.title, 40)}” ({s.message_count} messages)? "
+            question = (f"Delete session {s.id} “{short(s.title, 40)}” ({s.message_count} messages)? "
                         "This cannot be undone. [y/N] ")
             answer = await asyncio.to_thread(_ask, question)
             if answer not in ("y", "yes"):
@@ -428,7 +418,7 @@ async def _session_search(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_OK
     for h in hits:
         s = h.session
-        print(f"{s.id}  {_when(s.updated_at)}  {_flat(s.title, 40)}")
+        print(f"{s.id}  {_when(s.updated_at)}  {short(s.title, 40)}")
         print(f"    {h.snippet}" + (f"  ({h.matches} messages)" if h.matches > 1 else ""))
     return EXIT_OK
 

@@ -84,10 +84,6 @@ class Inbox:
         finally:
             self._flusher = None
 
-    async def get(self, item_id: int) -> InboxItem | None:
-        row = await self.db.fetchone("SELECT * FROM inbox WHERE id = ?", (item_id,))
-        return _item(row) if row else None
-
     async def start(self, item_id: int) -> None:
         await self.db.execute("UPDATE inbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
 
@@ -117,11 +113,6 @@ class Inbox:
         return await self.db.execute(
             "DELETE FROM inbox WHERE status != 'pending' AND received_at < ?", (self.clock() - keep,)
         )
-
-    async def counts(self) -> dict[str, int]:
-        rows = await self.db.fetchall("SELECT status, COUNT(*) AS n FROM inbox GROUP BY status")
-        return {r["status"]: r["n"] for r in rows}
-
 
 def _insert_rows(conn, rows: list[tuple]) -> list[int | None]:
     """In the SQLite thread: insert each row unless its event or message is known.

@@ -51,6 +51,7 @@ from typing import Any, Iterator
 from aiohttp import web
 
 from bot.log import get_logger
+from bot.text import is_chinese
 
 log = get_logger("ethan.offline")
 
@@ -63,7 +64,6 @@ MAX_LINE_CHARS = 80
 TEXT_CHUNK = 16          # characters per text_delta when streaming
 JSON_CHUNK = 24          # characters per input_json_delta when streaming
 
-_CJK = re.compile(r"[\u3400-\u9fff\u3040-\u30ff\uac00-\ud7af]")
 
 
 # --------------------------------------------------------------------------------------
@@ -93,10 +93,6 @@ def _blocks(content: Any, kind: str) -> list[dict]:
 
 def system_text(system: Any) -> str:
     return _text_of(system) if not isinstance(system, dict) else _text_of([system])
-
-
-def is_chinese(text: str) -> bool:
-    return bool(_CJK.search(text or ""))
 
 
 def _section(system: str, tag: str) -> list[str]:

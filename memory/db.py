@@ -307,5 +307,12 @@ def _split_sql(script: str) -> list[str]:
     return out
 
 
-async def open_database(path: str | Path) -> Database:
-    return await Database(path).open()
+async def fetch_one(conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+    """One row, on the connection ``Database.transaction()`` yields (one round trip)."""
+    rows = await conn.execute_fetchall(sql, params)
+    return rows[0] if rows else None
+
+
+async def fetch_all(conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    """Every row, on the connection ``Database.transaction()`` yields (one round trip)."""
+    return list(await conn.execute_fetchall(sql, params))

@@ -40,7 +40,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.db import Database
+from memory.db import Database, fetch_all
 from memory.sessions import make_title
 
 ERASED_PAYLOAD = '{"erased": true}'
@@ -75,14 +75,6 @@ async def _column(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
     cur = await tx.execute(sql, params)
     try:
         return [r[0] for r in await cur.fetchall()]
-    finally:
-        await cur.close()
-
-
-async def _rows(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
-    cur = await tx.execute(sql, params)
-    try:
-        return list(await cur.fetchall())
     finally:
         await cur.close()
 
@@ -157,11 +149,11 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
                 tuple(session_ids))
             # Sessions they started that others continued: owner and title follow the first
             # remaining speaker (the title is the first user message's opening words).
-            rows = await _rows(
+            rows = await fetch_all(
                 tx, "SELECT s.id, (SELECT m.id FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
                     " ORDER BY m.id LIMIT 1) AS first FROM sessions s WHERE s.owner_id = ?", (uid,))
             for row in rows:
-                first = await _rows(tx, "SELECT content, sender_id FROM messages WHERE id = ?", (row["first"],))
+                first = await fetch_all(tx, "SELECT content, sender_id FROM messages WHERE id = ?", (row["first"],))
                 content, sender = (first[0]["content"], first[0]["sender_id"]) if first else ("", "")
                 await _run(tx, "UPDATE sessions SET owner_id = ?, title = ? WHERE id = ?",
                            (sender, make_title(content), row["id"]))
@@ -191,7 +183,7 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
                 " status = CASE WHEN status = 'pending' THEN 'ignored' ELSE status END"
                 f" WHERE {_SENDER} = ?", (ERASED_PAYLOAD, uid))
         c["inbox_mentions"] = 0
-        for row in await _rows(tx, "SELECT id, payload FROM inbox WHERE instr(payload, ?) > 0", (uid,)):
+        for row in await fetch_all(tx, "SELECT id, payload FROM inbox WHERE instr(payload, ?) > 0", (uid,)):
             await _run(tx, "UPDATE inbox SET payload = ? WHERE id = ?", (_scrub_payload(row["payload"], uid), row["id"]))
             c["inbox_mentions"] += 1
 

@@ -57,7 +57,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, field_validator
 
-from memory.db import Database
+from memory.db import Database, fetch_one
 from memory.episodic import MAX_KEYWORDS, MAX_SUMMARY_CHARS, search_terms
 from memory.facts import CATEGORIES, SOURCES as FACT_SOURCES, FactError, clean_content
 from memory.procedures import DEFAULT_MAX_RULES, clean_context, clean_rule
@@ -560,11 +560,7 @@ async def import_user(db: Database, user_id: str, directory: str | Path, *,
                           exported_user=bundle.manifest.user_id if bundle.manifest else "")
     async with db.transaction() as tx:
         async def one(sql: str, params: tuple) -> Any:
-            cur = await tx.execute(sql, params)
-            try:
-                return await cur.fetchone()
-            finally:
-                await cur.close()
+            return await fetch_one(tx, sql, params)
 
         async def all_rows(sql: str, params: tuple) -> list[Any]:
             cur = await tx.execute(sql, params)

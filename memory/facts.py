@@ -78,7 +78,7 @@ from functools import lru_cache
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from memory.db import Database
+from memory.db import Database, fetch_one
 from memory.redact import looks_like_secret
 from memory.scope import Scope
 from memory.similarity import RELATED, SAME, dice, norm_bigrams, normalise
@@ -498,13 +498,8 @@ class FactStore:
 
     @staticmethod
     async def _row(conn: Any, user_id: str, fact_id: int) -> Any:
-        cur = await conn.execute(
-            f"SELECT {_COLUMNS}, norm FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)
-        )
-        try:
-            return await cur.fetchone()
-        finally:
-            await cur.close()
+        return await fetch_one(conn, f"SELECT {_COLUMNS}, norm FROM facts WHERE user_id = ? AND id = ?",
+                               (user_id, fact_id))
 
     async def update(
         self,

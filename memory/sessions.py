@@ -43,9 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
-import aiosqlite
 
-from memory.db import Database, DatabaseError
+from memory.db import Database, DatabaseError, fetch_all
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
 
 log = logging.getLogger(__name__)
@@ -210,22 +209,6 @@ def _message(row: Any) -> StoredMessage:
         sender_name=row["sender_name"], lark_message_id=row["lark_message_id"],
         created_at=row["created_at"],
     )
-
-
-async def _one(tx: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-    cur = await tx.execute(sql, params)
-    try:
-        return await cur.fetchone()
-    finally:
-        await cur.close()
-
-
-async def _all(tx: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    cur = await tx.execute(sql, params)
-    try:
-        return list(await cur.fetchall())
-    finally:
-        await cur.close()
 
 
 # Plain functions run in the SQLite thread by Database.read/write (one round trip each).
@@ -459,15 +442,6 @@ class SessionStore:
         calls = None if tool_calls is None else json.dumps(tool_calls, ensure_ascii=False)
         return await self.db.write(_append_assistant_sync, session_id, content, calls, self.clock())
 
-    async def _active_tx(self, tx: aiosqlite.Connection, conv_key: str) -> SessionInfo | None:
-        row = await _one(
-            tx,
-            f"SELECT {_SESSION_COLS} FROM conversations c JOIN sessions s ON s.id = c.active_session_id "
-            "WHERE c.conv_key = ? AND s.closed_at IS NULL",
-            (conv_key,),
-        )
-        return _session(row) if row else None
-
     def _new_id_sync(self, conn: sqlite3.Connection, now: float) -> str:
         """``s_YYYYMMDD_HHMM_xxxx`` (local time, random hex). Unique; the tail is kept unique
         too while that is easy, so that short ids stay unambiguous."""
@@ -484,15 +458,6 @@ class SessionStore:
         raise DatabaseError("could not allocate a new session id (too many sessions this minute)")
 
     # -- writes: lifecycle ---------------------------------------------------------------
-    async def _close_tx(self, tx: aiosqlite.Connection, session: SessionInfo, now: float) -> SessionInfo:
-        await tx.execute("UPDATE sessions SET closed_at = ? WHERE id = ?", (now, session.id))
-        await tx.execute(
-            "UPDATE conversations SET active_session_id = NULL, updated_at = ? WHERE active_session_id = ?",
-            (now, session.id),
-        )
-        row = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session.id,))
-        return _session(row)
-
     async def close(self, session_id: str) -> SessionInfo | None:
         """Close a session; returns it, or None if it was already closed."""
         closed = await self.db.write(_close_one_sync, session_id, self.clock())
@@ -546,7 +511,7 @@ class SessionStore:
         if not user_id:
             raise ValueError("user_id is required")
         async with self.db.transaction() as tx:
-            sids = [r[0] for r in await _all(
+            sids = [r[0] for r in await fetch_all(
                 tx, "SELECT DISTINCT session_id FROM messages WHERE sender_id = ? AND role = 'user'", (user_id,)
             )]
             ids_json = json.dumps(sids)
@@ -569,7 +534,7 @@ class SessionStore:
             )
             sessions_removed = cur.rowcount
             await cur.close()
-            remaining = await _all(
+            remaining = await fetch_all(
                 tx,
                 "SELECT s.id, (SELECT m.content || char(0) || m.sender_id FROM messages m "
                 "  WHERE m.session_id = s.id AND m.role = 'user' ORDER BY m.id LIMIT 1) AS first "
@@ -591,11 +556,12 @@ class SessionStore:
         """A session by full id, unique tail (``d139``) or ``last`` (the most recently
         active session the user can see). Raises SessionNotFound / AmbiguousSession."""
         where, params = self._filters(None, user_id)
-        return await self._resolve(self.db.conn, ref, where, params)
+        return await self.db.read(self._resolve_sync, ref, where, params)
 
-    async def _resolve(
-        self, tx: aiosqlite.Connection, ref: str, where: str, params: Sequence[Any],
-        *, exclude: str | None = None,
+    @staticmethod
+    def _resolve_sync(
+        conn: sqlite3.Connection, ref: str, where: str, params: Sequence[Any],
+        exclude: str | None = None,
     ) -> SessionInfo:
         norm = (ref or "").strip().lower()
         if not norm:
@@ -605,16 +571,17 @@ class SessionStore:
             where += " AND s.id <> ?"
             params.append(exclude)
         if norm == "last":
-            row = await _one(
-                tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE {where} "
+            row = conn.execute(
+                f"SELECT {_SESSION_COLS} FROM sessions s WHERE {where} "
                 "ORDER BY s.updated_at DESC, s.id DESC LIMIT 1", params,
-            )
+            ).fetchone()
             if row is None:
                 raise SessionNotFound(ref, "no earlier session to resume")
             return _session(row)
         if not _REF_RE.match(norm):
             raise SessionNotFound(ref)
-        row = await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ? AND {where}", [norm, *params])
+        row = conn.execute(
+            f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ? AND {where}", [norm, *params]).fetchone()
         if row is not None:
             return _session(row)
         suffix = like_pattern(norm)[:-1]   # '%tail': ends with the ref
@@ -623,19 +590,19 @@ class SessionStore:
             tail_params: list[Any] = [norm[-4:], suffix]
         else:
             tail_sql, tail_params = "s.id LIKE ? ESCAPE '\\'", [suffix]
-        rows = await _all(
-            tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE {tail_sql} AND {where} "
+        rows = conn.execute(
+            f"SELECT {_SESSION_COLS} FROM sessions s WHERE {tail_sql} AND {where} "
             "ORDER BY s.updated_at DESC, s.id DESC LIMIT ?", [*tail_params, *params, MAX_CANDIDATES + 1],
-        )
+        ).fetchall()
         if not rows:
             raise SessionNotFound(ref)
         if len(rows) == 1:
             return _session(rows[0])
         total = len(rows)
         if total > MAX_CANDIDATES:
-            count = await _one(
-                tx, f"SELECT COUNT(*) FROM sessions s WHERE {tail_sql} AND {where}", [*tail_params, *params]
-            )
+            count = conn.execute(
+                f"SELECT COUNT(*) FROM sessions s WHERE {tail_sql} AND {where}", [*tail_params, *params]
+            ).fetchone()
             total = count[0]
         raise AmbiguousSession(ref, [_session(r) for r in rows[:MAX_CANDIDATES]], total)
 
@@ -648,53 +615,7 @@ class SessionStore:
         None: the operator); and in a one-person p2p chat, the p2p sessions the same user
         started in another p2p conversation of theirs (the session moves here). Anything
         else raises SessionNotFound, as an unknown id does."""
-        now = self.clock()
-        async with self.db.transaction() as tx:
-            conv = await _one(tx, "SELECT * FROM conversations WHERE conv_key = ?", (conv_key,))
-            current = await self._active_tx(tx, conv_key)
-            clauses: list[str] = []
-            params: list[Any] = []
-            same_ok = user_id is None or await _one(
-                tx, "SELECT 1 FROM conversation_members WHERE user_id = ? AND conv_key = ?", (user_id, conv_key)
-            ) is not None
-            if same_ok:
-                clauses.append("s.conv_key = ?")
-                params.append(conv_key)
-            cross_ok = (
-                user_id is not None and conv is not None and conv["chat_type"] in PRIVATE_CHAT_TYPES
-                and await _one(
-                    tx, "SELECT 1 FROM conversation_members WHERE conv_key = ? AND user_id <> ? LIMIT 1",
-                    (conv_key, user_id),
-                ) is None
-            )
-            if cross_ok:
-                clauses.append(
-                    "(s.chat_type = ? AND s.owner_id = ? AND "
-                    "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?))"
-                )
-                params += [conv["chat_type"], user_id, user_id]
-            where = "(" + " OR ".join(clauses) + ")" if clauses else "0"
-            exclude = current.id if current is not None and (ref or "").strip().lower() == "last" else None
-            target = await self._resolve(tx, ref, where, params, exclude=exclude)
-            if current is not None and current.id == target.id:
-                return current
-            closed = await self._close_tx(tx, current, now) if current is not None else None
-            if target.conv_key != conv_key:   # the user's own p2p session moving into this p2p chat
-                await tx.execute(
-                    "UPDATE conversations SET active_session_id = NULL WHERE active_session_id = ?", (target.id,)
-                )
-                await tx.execute(
-                    "UPDATE sessions SET conv_key = ?, chat_id = ?, thread_id = ?, chat_type = ? WHERE id = ?",
-                    (conv_key, conv["chat_id"], conv["thread_id"], conv["chat_type"], target.id),
-                )
-            await tx.execute("UPDATE sessions SET closed_at = NULL, updated_at = ? WHERE id = ?", (now, target.id))
-            await tx.execute(
-                "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
-                "active_session_id = excluded.active_session_id, updated_at = excluded.updated_at",
-                (conv_key, target.chat_id, target.thread_id, target.chat_type, target.id, now),
-            )
-            resumed = _session(await _one(tx, f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (target.id,)))
+        resumed, closed = await self.db.write(_resume_sync, conv_key, ref, user_id, self.clock())
         if closed is not None:
             await self._notify([closed])
         return resumed
@@ -843,3 +764,53 @@ def _varint(buf: bytes, at: int) -> tuple[int, int]:
         if not byte & 0x80:
             return value, at + i + 1
     return (value << 8) | buf[at + 8], at + 9
+
+
+def _resume_sync(conn: sqlite3.Connection, conv_key: str, ref: str, user_id: str | None,
+                 now: float) -> tuple[SessionInfo, SessionInfo | None]:
+    """SessionStore.resume in the SQLite thread: (the resumed session, the one it closed)."""
+    conv = conn.execute("SELECT * FROM conversations WHERE conv_key = ?", (conv_key,)).fetchone()
+    current = _active_sync(conn, conv_key)
+    clauses: list[str] = []
+    params: list[Any] = []
+    same_ok = user_id is None or conn.execute(
+        "SELECT 1 FROM conversation_members WHERE user_id = ? AND conv_key = ?", (user_id, conv_key)
+    ).fetchone() is not None
+    if same_ok:
+        clauses.append("s.conv_key = ?")
+        params.append(conv_key)
+    cross_ok = (
+        user_id is not None and conv is not None and conv["chat_type"] in PRIVATE_CHAT_TYPES
+        and conn.execute(
+            "SELECT 1 FROM conversation_members WHERE conv_key = ? AND user_id <> ? LIMIT 1", (conv_key, user_id)
+        ).fetchone() is None
+    )
+    if cross_ok:
+        clauses.append(
+            "(s.chat_type = ? AND s.owner_id = ? AND "
+            "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?))"
+        )
+        params += [conv["chat_type"], user_id, user_id]
+    where = "(" + " OR ".join(clauses) + ")" if clauses else "0"
+    exclude = current.id if current is not None and (ref or "").strip().lower() == "last" else None
+    target = SessionStore._resolve_sync(conn, ref, where, params, exclude)
+    if current is not None and current.id == target.id:
+        return current, None
+    closed = _close_sync(conn, current, now) if current is not None else None
+    if target.conv_key != conv_key:   # the user's own p2p session moving into this p2p chat
+        conn.execute(
+            "UPDATE conversations SET active_session_id = NULL WHERE active_session_id = ?", (target.id,)
+        )
+        conn.execute(
+            "UPDATE sessions SET conv_key = ?, chat_id = ?, thread_id = ?, chat_type = ? WHERE id = ?",
+            (conv_key, conv["chat_id"], conv["thread_id"], conv["chat_type"], target.id),
+        )
+    conn.execute("UPDATE sessions SET closed_at = NULL, updated_at = ? WHERE id = ?", (now, target.id))
+    conn.execute(
+        "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
+        "active_session_id = excluded.active_session_id, updated_at = excluded.updated_at",
+        (conv_key, target.chat_id, target.thread_id, target.chat_type, target.id, now),
+    )
+    resumed = _session(conn.execute(f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (target.id,)).fetchone())
+    return resumed, closed

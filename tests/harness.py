@@ -98,7 +98,7 @@ class Harness:
     async def start_app(self) -> EthanApp:
         self.app = EthanApp(self.settings, memory_config=self.memory_config)
         await self.app.start()
-        await asyncio.wait_for(self.app._identity.wait(), 10)
+        await asyncio.wait_for(self.app.bot_open_id(), 10)   # the identity is known
         return self.app
 
     async def stop_app(self) -> None:

@@ -7,7 +7,6 @@ reason from a newer SDK is a failing test, not a silent misbehaviour.
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +83,3 @@ async def run_loop(model: ChatModel, *, system: list[dict], messages: list[dict]
     text = "\n\n".join(t.strip() for t in texts if t.strip())
     return LoopResult(text, max_iterations, outcomes, turn.stop_reason if turn else "", usage)
 
-
-def deadline_in(seconds: float) -> float:
-    return time.monotonic() + seconds

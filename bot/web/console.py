@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import html
 import re
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -29,6 +28,7 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 
 from bot.log import get_logger
+from bot.text import short, when
 from bot.web.api import api_routes
 from bot.web.chat import WebChat
 from bot.web.data import ApiError, ConsoleData, ConsoleDeps, check_user
@@ -88,17 +88,9 @@ def render(_template: str, /, **ctx: Any) -> Markup:
 
 
 def fmt_time(ts: Any) -> str:
-    if not ts:
-        return "—"
-    try:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(ts)))
-    except (TypeError, ValueError, OverflowError):
-        return "—"
+    return when(ts, empty="—")
 
 
-def clip(text: str, n: int) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def user_url(user_id: str, tab: str = "profile") -> str:
