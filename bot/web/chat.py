@@ -41,6 +41,7 @@ from aiohttp import web
 from bot.direct import NotAccepting
 from bot.inbound import WEB_API, typed_message
 from bot.log import get_logger
+from bot.web.auth import secure_headers
 from bot.web.data import MAX_TEXT, ApiError, ConsoleData, ConsoleDeps, check_user, read_json
 
 log = get_logger("ethan.chat")
@@ -178,6 +179,7 @@ class WebChat:
 
     async def _stream(self, request: web.Request, reply: ChatReply, answer) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        secure_headers(resp)        # now: the guard's own call comes after the headers are sent
         await resp.prepare(request)
         task = asyncio.ensure_future(answer)
         assert reply.deltas is not None
