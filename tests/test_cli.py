@@ -110,6 +110,15 @@ def test_chat_answers_twice_and_closes_the_session_with_its_episode(chatted):
     assert "app.ready" not in r.stderr
 
 
+def test_the_terminal_chat_writes_nothing_to_larks_inbox(chatted):
+    """A peer of Lark (issue 18): its messages are its own, not made-up Lark events."""
+    home, _ = chatted
+    db = home / "data" / "ethan.db"
+    assert db_rows(db, "SELECT COUNT(*) AS n FROM inbox")[0]["n"] == 0
+    assert [r["lark_message_id"][:7] for r in db_rows(db, "SELECT lark_message_id FROM messages WHERE role = 'user'")] \
+        == ["om_cli_", "om_cli_"]
+
+
 def test_session_list_shows_the_chat(chatted):
     home, _ = chatted
     r = ethan(home, "session", "list")
