@@ -32,7 +32,7 @@ from typing import Awaitable, Callable
 from bot.agent.agent import Memory
 from bot.inbound import Inbound
 from bot.log import get_logger
-from bot.text import is_chinese, short, when as _when
+from bot.text import ambiguous_session, is_chinese, short, when as _when
 from memory.audit import AuditLog
 from memory.erase import erase_user, forget_memory
 from memory.modes import COMPANION, WORK, parse_mode
@@ -122,8 +122,11 @@ class Ctx:
         return pair[0] if self.zh else pair[1]
 
 
+WHEN = "%m-%d %H:%M"
+
+
 def when(ts: float | None) -> str:
-    return _when(ts, "%m-%d %H:%M")
+    return _when(ts, WHEN)
 
 
 def tail(open_id: str) -> str:
@@ -256,12 +259,11 @@ class Commands:
         try:
             resumed = await store.resume(ctx.inbound.conv_key, ref, user_id=ctx.user)
         except AmbiguousSession as e:
-            lines = [ctx.t(f"“{short(ref, 20)}” 对应多个会话，请多输入几位：",
-                           f"“{short(ref, 20)}” matches several sessions; type more of the id:")]
-            lines += [f"  {c.id}  {when(c.updated_at)}  {short(c.title, 30)}" for c in e.candidates]
-            if e.total > len(e.candidates):
-                lines.append(ctx.t(f"  …还有 {e.total - len(e.candidates)} 个", f"  …and {e.total - len(e.candidates)} more"))
-            return "\n".join(lines)
+            return ambiguous_session(
+                ref, e, head=ctx.t(f"“{short(ref, 20)}” 对应多个会话，请多输入几位：",
+                                   f"“{short(ref, 20)}” matches several sessions; type more of the id:"),
+                more=lambda n: ctx.t(f"  …还有 {n} 个", f"  …and {n} more"), title_chars=30,
+                time_format=WHEN)
         except SessionNotFound:
             return ctx.t(f"找不到会话 “{short(ref, 30)}”。用 /sessions 查看可恢复的会话。",
                          f"No session matches “{short(ref, 30)}”. See /sessions for the ones you can resume.")

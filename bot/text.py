@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 import unicodedata
-from typing import Any
+from typing import Any, Callable
 
 _CJK = re.compile(r"[\u3400-\u9fff\u3040-\u30ff\uac00-\ud7af]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -41,11 +41,15 @@ def when(ts: Any, fmt: str = "%Y-%m-%d %H:%M", *, empty: str = "") -> str:
         return empty
 
 
-def ambiguous_session(ref: str, error: Any, *, title_chars: int = 40, empty_time: str = "") -> str:
-    """The lines for ``AmbiguousSession`` in the terminal and the CLI: which ids match."""
-    lines = [f"ethan: {ref!r} matches {error.total} sessions; type more of the id:"]
-    lines += [f"  {c.id}  {when(c.updated_at, empty=empty_time)}  {short(c.title, title_chars)}"
+def ambiguous_session(ref: str, error: Any, *, head: str | None = None,
+                      more: Callable[[int], str] | None = None, title_chars: int = 40,
+                      time_format: str = "%Y-%m-%d %H:%M", empty_time: str = "") -> str:
+    """What to say to ``AmbiguousSession`` (the CLI, the terminal, ``/resume``): which ids
+    match. ``head``/``more`` replace the CLI's English lines (``/resume`` answers in Chinese)."""
+    lines = [head if head is not None else f"ethan: {ref!r} matches {error.total} sessions; type more of the id:"]
+    lines += [f"  {c.id}  {when(c.updated_at, time_format, empty=empty_time)}  {short(c.title, title_chars)}"
               for c in error.candidates]
-    if error.total > len(error.candidates):
-        lines.append(f"  … and {error.total - len(error.candidates)} more")
+    hidden = error.total - len(error.candidates)
+    if hidden > 0:
+        lines.append(more(hidden) if more is not None else f"  … and {hidden} more")
     return "\n".join(lines)
