@@ -37,6 +37,7 @@ from memory.working import WorkingMemory
 
 log = get_logger("ethan.agent")
 
+
 @dataclass(frozen=True, slots=True)
 class UserTurn:
     scope: Scope

@@ -206,7 +206,3 @@ def mark_cache(system: list[dict[str, Any]], messages: list[dict[str, Any]], too
         else:
             messages[i] = {**messages[i], "content": _marked(messages[i]["content"])}
     return system, messages
-
-
-def system_text(system: list[dict[str, Any]]) -> str:
-    return "\n\n".join(b["text"] for b in system)
