@@ -98,7 +98,10 @@ async def test_chat_needs_the_token_once_one_is_set(tmp_path):
     try:
         async with aiohttp.ClientSession() as http:
             body = {"user_id": "ou_alice", "text": "你好"}
-            # under another host name (a proxy in front), like the rest of the console's API
+            # once a token is set, even on loopback (DESIGN.md §3) …
+            status, refused = await chat(http, app.base_url, body)
+            assert status == 401 and refused["error"] == "unauthorized"
+            # … and under another host name (a proxy in front)
             status, refused = await chat(http, app.base_url, body, headers={"Host": "ethan.example.com"})
             assert status == 401 and refused["error"] == "unauthorized"
             status, refused = await chat(http, app.base_url, body,
