@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from bench.bench_prompt_size import FACTS, _assistant_text  # noqa: E402
 from bench.common import percentile, table, temp_home  # noqa: E402
-from bot.agent.agent import Agent, Memory, Turn  # noqa: E402
+from bot.agent.agent import Agent, Memory, UserTurn  # noqa: E402
 from bot.agent.model import AnthropicChatModel, make_client  # noqa: E402
 from bot.agent.router import route  # noqa: E402
 from bot.reply import CollectingReply  # noqa: E402
@@ -148,7 +148,7 @@ async def _conversation(fake: FakeAnthropic, lines: list[str], turns: int, *, ca
                     fake.advance(360)
                 text = _line(lines, rng, t)
                 before = len(fake.requests)
-                result = await agent.respond(Turn(scope=scope, text=text, lark_message_id=f"om_cost_{t}"),
+                result = await agent.respond(UserTurn(scope=scope, text=text, message_id=f"om_cost_{t}"),
                                              CollectingReply())
                 assert result.ok, result.failure
                 chats = [r for r in fake.requests[before:] if r.kind == "chat"]
