@@ -40,6 +40,7 @@ from tests.harness import BOT_OPEN_ID, ENCRYPT_KEY, VERIFICATION_TOKEN
 
 REPO = Path(__file__).resolve().parents[2]
 ERROR_LEVELS = frozenset({"error", "critical", "exception", "fatal"})
+KILL_MARKER = "test.server_killed"   # written by ServerProcess.kill() after the process is gone
 _STDLIB_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):([\w.]+):(.*)$")
 
 
@@ -72,6 +73,7 @@ class ServerProcess:
         self.log_path = self.home / "server.log"
         self.starts = 0
         self._log_file = None
+        self.command = [sys.executable, "-m", "bot", "serve"]   # tests of this class run another
 
     @property
     def url(self) -> str:
@@ -113,7 +115,7 @@ class ServerProcess:
         self._log_file.flush()
         # cwd = the data directory: no stray .env from the developer's checkout is read.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bot", "serve"], cwd=self.home, env=self.env(),
+            self.command, cwd=self.home, env=self.env(),
             stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=self._log_file,
         )
 
@@ -141,9 +143,28 @@ class ServerProcess:
 
     def kill(self) -> None:
         """SIGKILL: no cleanup of any kind runs in the server."""
-        if self.proc is not None and self.proc.poll() is None:
+        killed = self.proc is not None and self.proc.poll() is None
+        if killed:
             self.proc.send_signal(signal.SIGKILL)
         self._reap(10)
+        if killed:
+            self._mark_kill()
+
+    def _mark_kill(self) -> None:
+        """End the killed run's output with a newline and a marker line. The kill can land
+        inside a log write: print() writes the line and its newline separately, so the last
+        line may lack its newline (the next run's first line would be glued onto it) or be
+        cut mid-JSON. ``entries()`` reads the line before the marker as possibly cut."""
+        with open(self.log_path, "ab") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() and not self._ends_with_newline():
+                f.write(b"\n")
+            f.write(f'{{"event": "{KILL_MARKER}", "run": {self.starts}}}\n'.encode())
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.log_path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
 
     async def terminate(self, timeout: float = 60.0) -> tuple[int, float]:
         """SIGTERM and wait for exit; (return code, seconds from signal to exit)."""
@@ -183,10 +204,16 @@ class ServerProcess:
 
     def entries(self) -> list[dict]:
         """Every log line; a line that is not JSON (a traceback printed by Python itself)
-        becomes ``{"level": "raw", "event": <line>}`` so it cannot hide."""
+        becomes ``{"level": "raw", "event": <line>}`` so it cannot hide -- except the last
+        line of a SIGKILLed run, which the kill may have cut: that one becomes
+        ``{"level": "cut", ...}`` (not an error; it is still there to read)."""
         out = []
-        for line in self.lines():
+        lines = self.lines()
+        for i, line in enumerate(lines):
             if not line.strip():
+                continue
+            if i + 1 < len(lines) and _is_kill_marker(lines[i + 1]) and not _is_json_object(line):
+                out.append({"level": "cut", "event": line})
                 continue
             try:
                 item = json.loads(line)
@@ -205,7 +232,7 @@ class ServerProcess:
     def errors(self, *, ignore: Iterable[str] = ()) -> list[dict]:
         """Error-level lines, ``dispatch.job_failed``, and lines that are neither JSON nor
         stdlib-formatted (a traceback Python printed by itself); minus events in ``ignore``."""
-        skip = {"test.server_start", *ignore}
+        skip = {"test.server_start", KILL_MARKER, *ignore}
         return [e for e in self.entries()
                 if (str(e.get("level", "")).lower() in ERROR_LEVELS or e.get("level") == "raw"
                     or e.get("event") == "dispatch.job_failed") and e.get("event") not in skip]
@@ -217,6 +244,17 @@ class ServerProcess:
 # ------------------------------------------------------------------------------------------
 # Sending
 # ------------------------------------------------------------------------------------------
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _is_kill_marker(line: str) -> bool:
+    return line.startswith('{"event": "' + KILL_MARKER + '"')
 
 
 async def post_event(http: aiohttp.ClientSession, url: str, event: dict, *,
