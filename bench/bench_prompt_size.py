@@ -30,12 +30,13 @@ if str(ROOT) not in sys.path:
 
 from bench.common import ratio, table, temp_home  # noqa: E402
 from bot.agent.agent import Agent, Memory, UserTurn  # noqa: E402
-from bot.agent.model import AnthropicChatModel, make_client  # noqa: E402
+from bot.llm.anthropic_model import AnthropicChatModel, make_client  # noqa: E402
 from bot.agent.prompt import MemoryBlocks, build_system  # noqa: E402
 from bot.reply import CollectingReply  # noqa: E402
 from bot.tools import TOOL_SPECS  # noqa: E402
 from memory.consolidation_queue import ConsolidationQueue  # noqa: E402
 from memory.consolidator import Consolidator  # noqa: E402
+from memory.models import route_consolidation_model  # noqa: E402
 from memory.db import Database  # noqa: E402
 from memory.episodic import EpisodeStore  # noqa: E402
 from memory.facts import FactStore  # noqa: E402
@@ -145,7 +146,7 @@ async def _run(quick: bool) -> list[str]:
                 working = WorkingMemory(db, sessions, MemoryConfig())
                 facts, profile, episodes = FactStore(db), ProfileStore(db), EpisodeStore(db)
                 procedures, modes = ProcedureStore(db), ModeStore(db)
-                consolidator = Consolidator(client, main_model=MODEL)
+                consolidator = Consolidator(AnthropicChatModel(client, route_consolidation_model(MODEL)))
                 queue = ConsolidationQueue(db=db, sessions=sessions, working=working, facts=facts,
                                            profile=profile, episodes=episodes, modes=modes,
                                            consolidator=consolidator)

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.agent.agent import Agent, Memory
-from bot.agent.model import AnthropicChatModel, make_client
+from bot.llm import Models, UsageBook, build_models
 from bot.commands import CommandDeps, Commands, RuntimeStats
 from bot.config import Settings
 from bot.direct import Conversations
@@ -90,6 +90,7 @@ class EthanApp:
         self.recover_inbox = recover_inbox
         self.memory_config = memory_config or MemoryConfig()
         self.metrics = Metrics()
+        self.usage = UsageBook()
         from bot.web.auth import ConsoleAuth, read_body_within
 
         # One access decision for every route (bot/web/auth.py): a route added later is covered.
@@ -119,7 +120,10 @@ class EthanApp:
         self._db_failures: dict[int, list] = {}    # inbox id -> [first failure (monotonic), attempts, told]
         self._bot_open_id = ""
         self._identity = asyncio.Event()
-        self._anthropic = None
+        self.models: Models | None = None
+        # The model's state for /healthz: None until checked; "" when fine; else the one line
+        # naming the setting (a wrong key, an unknown model, an unreachable endpoint).
+        self.model_problem: str | None = None
         self.started_at = 0.0
         self.ready = False
         self.closing = False
@@ -169,15 +173,12 @@ class EthanApp:
         warm_ms = int((time.monotonic() - t_warm) * 1000)
 
         await self._start_http()   # the offline model is served here, so it comes first
-        base_url = s.anthropic_base_url or None
-        api_key = s.anthropic_api_key
-        if s.offline_model:
-            base_url = self.base_url + OFFLINE_PATH
-            api_key = self.auth.offline_key    # the offline route answers this process only
-        self._anthropic = make_client(api_key=api_key, base_url=base_url)
-        model = AnthropicChatModel(self._anthropic, s.ethan_model)
-        consolidator = Consolidator(self._anthropic, main_model=model.name,
-                                    override_model=s.ethan_consolidation_model or None)
+        self.models = build_models(s, offline_base_url=self.base_url + OFFLINE_PATH,
+                                   offline_api_key=self.auth.offline_key,   # the offline route answers this process only
+                                   on_response=self._on_model_response,
+                                   on_fallback=self._on_fallback)
+        model = self.models.chat
+        consolidator = Consolidator(self.models.consolidation)
         self.queue = ConsolidationQueue(db=self.db, sessions=sessions, working=working, facts=facts,
                                         profile=profile, episodes=episodes, modes=modes,
                                         consolidator=consolidator, log=get_logger("ethan.consolidation"))
@@ -187,8 +188,7 @@ class EthanApp:
         # Every close (idle sweep, /new, /resume, idle-on-append) writes the episode off the reply path.
         sessions.add_close_listener(self.queue.request_episode)
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
-                           on_failure=lambda kind: self.metrics.model_failures.labels(kind=kind).inc(),
-                           on_call=self.metrics.model_calls.inc)
+                           on_failure=self._on_model_failure, on_call=self.metrics.model_calls.inc)
         self.commands = Commands(CommandDeps(memory=self.memory, is_admin=s.is_admin,
                                              bot_open_id=self.bot_open_id, runtime=self._runtime))
         self.inbox = Inbox(self.db)
@@ -225,6 +225,7 @@ class EthanApp:
                 self.long_connection = LongConnection(app_id=s.lark_app_id, app_secret=s.lark_app_secret,
                                                       domain=s.lark_domain, intake=self._intake_proxy())
                 self.long_connection.start(asyncio.get_running_loop())
+        await self._check_model()
         await self.queue.start()
         await self.queue.recover()
         if self.recover_inbox:
@@ -233,7 +234,41 @@ class EthanApp:
         log.info("app.warmed", warm_up_ms=warm_ms)
         self.ready = True
         log.info("app.ready", url=self.base_url, lark=s.lark_transport if s.lark_enabled else "off",
-                 model=model.name, offline_model=s.offline_model, removed_empty_sessions=removed)
+                 model=model.name, provider=model.provider, consolidation_model=consolidator.model,
+                 fallbacks=[f"{m.provider}:{m.name}" for m in model.models[1:]],
+                 offline_model=s.offline_model, removed_empty_sessions=removed)
+
+    async def _check_model(self) -> None:
+        """Wrong key, unknown model, unreachable endpoint: one line naming the setting and a
+        degraded /healthz, not an apology to every user forever. The process keeps serving
+        (the console shows the problem); a later successful answer clears it."""
+        if self.settings.offline_model or self.models is None:
+            self.model_problem = ""
+            return
+        from bot.llm.health import check_model
+
+        self.model_problem = await check_model(self.settings, self.models.chat.models[0])
+        if self.model_problem:
+            log.error("model.unusable", problem=self.model_problem)
+
+    def _on_model_failure(self, kind: str) -> None:
+        self.metrics.model_failures.labels(kind=kind).inc()
+        if kind in ("auth", "not_found") and self.models is not None:
+            from bot.llm.health import problem_line
+
+            self.model_problem = problem_line(self.settings, self.models.chat.models[0], kind)
+
+    def _on_model_response(self, response) -> None:
+        self.metrics.count_response(response)
+        self.usage.add(response)
+        main = self.models.chat.models[0] if self.models is not None else None
+        if self.model_problem and main is not None and response.provider == main.provider \
+                and response.model.startswith(main.name):
+            self.model_problem = ""     # the main model answered after all (a key fixed, a server back)
+
+    def _on_fallback(self, failed, nxt, kind: str) -> None:
+        self.metrics.model_fallbacks.labels(from_model=f"{failed.provider}:{failed.name}",
+                                            to_model=f"{nxt.provider}:{nxt.name}", kind=kind).inc()
 
     async def _start_http(self) -> None:
         from bot.offline_model import setup_offline_model
@@ -473,8 +508,8 @@ class EthanApp:
             await self._runner.cleanup()
         if self.lark_api is not None:
             await self.lark_api.aclose()
-        if self._anthropic is not None:
-            await self._anthropic.close()
+        if self.models is not None:
+            await self.models.aclose()
         if self.db is not None:
             await self.db.close()
         log.info("app.stopped", cancelled_conversations=cancelled,
@@ -534,7 +569,8 @@ async def serve(settings: Settings) -> None:
         log.info("app.console_only", url=app.base_url + "/",
                  note="no LARK_APP_ID/LARK_APP_SECRET: Lark transport off, console only")
     if s.offline_model:
-        log.info("app.offline_model", note="no ANTHROPIC_API_KEY: using the built-in offline model")
+        log.info("app.offline_model", note="no model key (ANTHROPIC_API_KEY / OPENAI_API_KEY): using the "
+                 "built-in offline model")
     try:
         await stop.wait()
     finally:

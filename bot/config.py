@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -25,6 +26,10 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
+PROVIDER_KINDS = ("anthropic", "openai")
+# The built-in providers: their key and base URL are the SDKs' own variables.
+BUILTIN_PROVIDERS = {"anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+                     "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
 
 
 class ConfigError(ValueError):
@@ -45,11 +50,17 @@ class Settings(BaseSettings):
     lark_domain: str = "https://open.feishu.cn"
     lark_transport: Literal["ws", "webhook"] = "ws"
 
-    # Claude
+    # Models (DESIGN §3): a model is named `model` (on ETHAN_PROVIDER) or `provider:model`
     anthropic_api_key: str = ""
     anthropic_base_url: str = ""
+    openai_api_key: str = ""
+    openai_base_url: str = ""
+    ethan_provider: str = ""            # "" = anthropic, or openai when only OPENAI_API_KEY is set
     ethan_model: str = DEFAULT_MODEL
     ethan_consolidation_model: str = ""
+    ethan_fallback_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # config.yaml `providers:` — name: {kind: anthropic|openai, base_url, api_key_env}
+    providers: dict[str, "ProviderConfig"] = Field(default_factory=dict)
 
     # Ethan
     ethan_home: Path = Field(default_factory=lambda: Path.home() / ".ethan")
@@ -102,7 +113,28 @@ class Settings(BaseSettings):
                                  " separate them with commas") from None
         return items
 
-    @field_validator("lark_domain", "anthropic_base_url")
+    @field_validator("ethan_fallback_models", mode="before")
+    @classmethod
+    def _fallbacks(cls, v: Any) -> list[str]:
+        if v is None or v == "":
+            return []
+        items = v.split(",") if isinstance(v, str) else [str(x) for x in v]
+        return [i.strip() for i in items if i.strip()]
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _providers(cls, v: Any) -> Any:
+        if v is None or v == "":
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping of name: {kind, base_url, api_key_env}")
+        for name in v:
+            if not str(name) or ":" in str(name) or str(name) in BUILTIN_PROVIDERS:
+                raise ValueError(f"{name!r}: a provider name is a plain word other than "
+                                 f"{' / '.join(BUILTIN_PROVIDERS)}")
+        return v
+
+    @field_validator("lark_domain", "anthropic_base_url", "openai_base_url")
     @classmethod
     def _url(cls, v: str) -> str:
         v = v.strip().rstrip("/")
@@ -133,6 +165,60 @@ class Settings(BaseSettings):
                              " (from the app's Events & Callbacks page); without them anyone could post events")
         return self
 
+    @model_validator(mode="after")
+    def _models(self) -> "Settings":
+        p = self.ethan_provider.strip().lower()
+        if p and p not in self.provider_names:
+            raise ValueError(f"ETHAN_PROVIDER: {p!r} is not a provider (anthropic, openai"
+                             f"{''.join(', ' + n for n in self.providers)})")
+        self.ethan_provider = p
+        self.model_ref(self.ethan_model, "ETHAN_MODEL")
+        if self.ethan_consolidation_model:
+            self.model_ref(self.ethan_consolidation_model, "ETHAN_CONSOLIDATION_MODEL")
+        for ref in self.ethan_fallback_models:
+            if ref.split(":", 1)[0] not in self.provider_names or ":" not in ref:
+                raise ValueError(f"ETHAN_FALLBACK_MODELS: {ref!r} is not provider:model "
+                                 f"(providers: {', '.join(self.provider_names)})")
+        return self
+
+    # -- models and providers -------------------------------------------------------
+    @property
+    def provider_names(self) -> tuple[str, ...]:
+        return (*BUILTIN_PROVIDERS, *self.providers)
+
+    @property
+    def provider(self) -> str:
+        """The main provider: ETHAN_PROVIDER, else openai when only OPENAI_API_KEY is set."""
+        if self.ethan_provider:
+            return self.ethan_provider
+        if self.openai_api_key and not self.anthropic_api_key:
+            return "openai"
+        return "anthropic"
+
+    def model_ref(self, ref: str, setting: str = "ETHAN_MODEL") -> tuple[str, str]:
+        """``provider:model`` or ``model`` (on the main provider) -> (provider, model). A prefix
+        that names no provider is part of the model id (Ollama's ``qwen2.5:7b``)."""
+        ref = (ref or "").strip()
+        head, sep, tail = ref.partition(":")
+        if sep and head in self.provider_names:
+            provider, model = head, tail.strip()
+        else:
+            provider, model = self.provider, ref
+        if not model:
+            raise ConfigError(f"{setting}: no model named in {ref!r}")
+        return provider, model
+
+    def provider_config(self, name: str) -> "ResolvedProvider":
+        """kind, base URL and key of a provider (the key read from its variable)."""
+        if name in BUILTIN_PROVIDERS:
+            key_var, url_var = BUILTIN_PROVIDERS[name]
+            return ResolvedProvider(name, name, getattr(self, url_var.lower()), getattr(self, key_var.lower()),
+                                    key_var, url_var)
+        p = self.providers[name]
+        key = _read_var(p.api_key_env) if p.api_key_env else ""
+        return ResolvedProvider(name, p.kind, p.base_url, key, p.api_key_env or "",
+                                f"providers.{name}.base_url")
+
     # -- derived -----------------------------------------------------------------
     @property
     def host_is_loopback(self) -> bool:
@@ -149,7 +235,12 @@ class Settings(BaseSettings):
 
     @property
     def offline_model(self) -> bool:
-        return not self.anthropic_api_key
+        """No model configured at all: the built-in offline model answers. Ollama and vLLM
+        need no key, so an OpenAI-compatible base URL alone counts as configured."""
+        p = self.provider_config(self.provider)
+        if p.kind == "openai":
+            return not (p.api_key or p.base_url)
+        return not p.api_key
 
     @property
     def db_path(self) -> Path:
@@ -162,7 +253,7 @@ class Settings(BaseSettings):
         """For logs: secrets replaced by whether they are set."""
         out = self.model_dump()
         for k in ("lark_app_secret", "lark_verification_token", "lark_encrypt_key",
-                  "anthropic_api_key", "ethan_console_token"):
+                  "anthropic_api_key", "openai_api_key", "ethan_console_token"):
             out[k] = "set" if out[k] else ""
         out["ethan_home"] = str(out["ethan_home"])
         return out
@@ -177,6 +268,48 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, dotenv_settings, _YamlSource(settings_cls, env_settings, dotenv_settings))
+
+
+class ProviderConfig(BaseModel):
+    """One entry of config.yaml's ``providers:``."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["anthropic", "openai"]
+    base_url: str = ""
+    api_key_env: str = ""     # the variable holding its key (keys stay out of config files)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedProvider:
+    name: str
+    kind: str
+    base_url: str
+    api_key: str
+    key_setting: str      # where the key comes from, for messages naming the setting
+    url_setting: str
+
+
+def _read_var(name: str) -> str:
+    """A provider's key variable: the environment, then ./.env (as for every setting)."""
+    if os.environ.get(name):
+        return os.environ[name]
+    try:
+        from dotenv import dotenv_values
+
+        return str(dotenv_values(".env").get(name) or "") if Path(".env").is_file() else ""
+    except Exception:  # noqa: BLE001 — an unreadable .env is reported by the settings themselves
+        return ""
+
+
+Settings.model_rebuild()
 
 
 class _YamlSource(InitSettingsSource):

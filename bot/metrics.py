@@ -19,12 +19,29 @@ class Metrics:
         self.model_calls = Counter("ethan_model_calls_total", "Chat model requests", registry=r)
         self.model_failures = Counter("ethan_model_failures_total", "Chat model failures", ["kind"],
                                       registry=r)
+        # Which model answered, and what it cost (per provider and model, as the server named it)
+        self.model_answers = Counter("ethan_model_answers_total", "Model answers, by who answered",
+                                     ["provider", "model"], registry=r)
+        self.model_tokens = Counter("ethan_model_tokens_total", "Model tokens by kind (input = uncached "
+                                    "input; cache_read / cache_write = prompt-cache hits / writes)",
+                                    ["provider", "model", "kind"], registry=r)
+        self.model_fallbacks = Counter("ethan_model_fallbacks_total", "Turns a fallback model took over",
+                                       ["from_model", "to_model", "kind"], registry=r)
         self.queue_depth = Gauge("ethan_consolidation_queue_depth", "Consolidation jobs waiting",
                                  registry=r)
         self.conversations = Gauge("ethan_active_conversations", "Conversations with queued work",
                                    registry=r)
         self.latency = Histogram("ethan_reply_latency_seconds", "Time from handling start to reply",
                                  buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120), registry=r)
+
+    def count_response(self, response) -> None:
+        labels = (response.provider or "?", response.model or "?")
+        self.model_answers.labels(*labels).inc()
+        u = response.usage
+        for kind, n in (("input", u.input_tokens), ("output", u.output_tokens),
+                        ("cache_read", u.cache_read_tokens), ("cache_write", u.cache_write_tokens)):
+            if n:
+                self.model_tokens.labels(*labels, kind).inc(n)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,19 +1,13 @@
 """The consolidation model: compression (``write_summary``) and cold extraction
 (``extract_memories``) with structured output from the routed, cheaper model.
 
-Routing: ``memory.models.route_consolidation_model(main_model)`` unless an override
-(``ETHAN_CONSOLIDATION_MODEL``) is given. How structured output is asked for comes from
-``memory.models.caps(model)``:
-
-- ``forced_tool_use`` -> a tool of that name and ``tool_choice={"type": "tool", ...}``;
-- else ``structured_outputs`` -> ``output_config={"format": {"type": "json_schema", ...}}``
-  (the SDK's typed parameter) and the JSON text of the answer;
-- else a plain request asking for that JSON object, parsed from the text.
-
-A 400 that rejects the forced tool choice switches that model to structured outputs
-for the life of the process (learned at run time); a 400 rejecting ``output_config``
-switches to the plain JSON request. Sampling parameters (temperature 0, for
-deterministic output) are sent only where caps allow them.
+The transport is the model port (``memory/llm.py``): the consolidator takes a ``ChatModel``
+(which model that is — the routed one, ``memory.models.route_consolidation_model``, or
+``ETHAN_CONSOLIDATION_MODEL`` — is decided where the adapters are built) and sends
+``StructuredOutput`` requests. How the adapter asks for the object comes from
+``memory.models.caps(model)`` and what a 400 taught it at run time: a forced tool of that
+name, a JSON-schema response format, or a plain request asking for that JSON object.
+Sampling (temperature 0, for deterministic output) is sent only where caps allow it.
 
 Extraction reads only what users said: it gets user lines only, with injected memory
 blocks stripped and credentials redacted, and drops returned facts that still look
@@ -22,16 +16,14 @@ like credentials.
 
 from __future__ import annotations
 
-import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import anthropic
-
-from memory.speaker import label as speaker_label
-from memory.models import caps, route_consolidation_model
+from memory.llm import ChatModel, ModelFailure, ModelRequest, StructuredOutput
 from memory.redact import looks_like_secret, redact
+from memory.speaker import label as speaker_label
 from memory.working import Turn
 
 CATEGORIES = ("preference", "decision", "knowledge", "correction")
@@ -183,22 +175,16 @@ def _tail(text: str, limit: int = MAX_TRANSCRIPT) -> str:
 
 
 class Consolidator:
-    def __init__(
-        self,
-        client: anthropic.AsyncAnthropic,
-        *,
-        main_model: str,
-        override_model: str | None = None,
-        timeout: float = 60.0,
-        max_tokens: int = MAX_TOKENS,
-    ) -> None:
-        self.client = client
-        self.model = override_model or route_consolidation_model(main_model)
+    def __init__(self, model: ChatModel, *, timeout: float = 60.0, max_tokens: int = MAX_TOKENS) -> None:
+        self.chat = model
         self.timeout = timeout
         self.max_tokens = max_tokens
-        # runtime learning: model -> "structured" | "json" after a 400 rejected the stronger mode
-        self._learned: dict[str, str] = {}
         self.calls = 0
+
+    @property
+    def model(self) -> str:
+        """The consolidation model's id (recorded with each summary)."""
+        return self.chat.name
 
     # -- public ------------------------------------------------------------------------
     async def compress(self, turns: Sequence[Turn], *, previous_summary: str = "") -> str:
@@ -261,74 +247,25 @@ class Consolidator:
                     psych.append(entry)
         return Extraction(facts=facts, profile_psych=psych, skipped_secrets=skipped)
 
-    # -- how structured output is asked for -----------------------------------------------
-    def mode_for(self, model: str | None = None) -> str:
-        model = model or self.model
-        learned = self._learned.get(model)
-        c = caps(model)
-        if learned == "json":
-            return "json"
-        if learned == "structured":
-            return "structured" if c.structured_outputs else "json"
-        if c.forced_tool_use:
-            return "tool"
-        if c.structured_outputs:
-            return "structured"
-        return "json"
-
+    # -- one structured call over the port --------------------------------------------
     async def _structured(self, tool: str, system: str, user: str) -> dict[str, Any]:
-        mode = self.mode_for()
-        while True:
-            try:
-                return await self._call(mode, tool, system, user)
-            except anthropic.BadRequestError as e:
-                text = _error_text(e)
-                if mode == "tool" and "tool_choice" in text:
-                    self._learned[self.model] = "structured"
-                    mode = self.mode_for()
-                    continue
-                if mode == "structured" and ("output_config" in text or "output_format" in text
-                                             or "json_schema" in text):
-                    self._learned[self.model] = "json"
-                    mode = "json"
-                    continue
-                raise ConsolidationError(f"{self.model} rejected the {tool} request: {text[:300]}") from e
-            except anthropic.APIError as e:
-                raise ConsolidationError(f"{self.model} {tool} call failed: {type(e).__name__}: {e}") from e
-
-    async def _call(self, mode: str, tool: str, system: str, user: str) -> dict[str, Any]:
-        schema = TOOLS[tool]["input_schema"]
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": self.max_tokens,
-            "system": system,
-            "messages": [{"role": "user", "content": user}],
-            "timeout": self.timeout,
-        }
-        if caps(self.model).sampling_params:
-            # this SDK generation has no typed sampling parameters; the API still takes them
-            kwargs["extra_body"] = {"temperature": 0.0}
-        if mode == "tool":
-            kwargs["tools"] = [TOOLS[tool]]
-            kwargs["tool_choice"] = {"type": "tool", "name": tool}
-        elif mode == "structured":
-            kwargs["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
-        else:
-            kwargs["system"] = (
-                system + f"\n\nAnswer with one JSON object only, no prose, matching this JSON schema "
-                f"({tool}): {json.dumps(schema, ensure_ascii=False)}"
-            )
+        spec = TOOLS[tool]
+        request = ModelRequest(
+            system=[{"type": "text", "text": system}],
+            messages=[{"role": "user", "content": user}],
+            max_tokens=self.max_tokens,
+            structured=StructuredOutput(tool, spec["description"], spec["input_schema"]),
+            temperature=0.0,
+        )
         self.calls += 1
-        resp = await self.client.messages.create(**kwargs)
-        if mode == "tool":
-            for block in resp.content:
-                if getattr(block, "type", "") == "tool_use" and getattr(block, "name", "") == tool:
-                    data = block.input
-                    if isinstance(data, dict):
-                        return data
-            raise ConsolidationError(f"{self.model} did not call {tool} (stop_reason={resp.stop_reason})")
-        text = "".join(getattr(b, "text", "") for b in resp.content if getattr(b, "type", "") == "text")
-        return _parse_json(text, self.model, tool)
+        try:
+            response = await self.chat.turn(request, deadline=time.monotonic() + self.timeout)
+        except ModelFailure as e:
+            raise ConsolidationError(f"{self.model} {tool} call failed: {e.kind}: {e.detail[:300]}") from e
+        if response.structured is None:
+            raise ConsolidationError(f"{self.model} answered {tool} without a JSON object "
+                                     f"(stop_reason={response.stop_reason.value})")
+        return response.structured
 
 
 def _summary(out: dict[str, Any]) -> str:
@@ -339,29 +276,3 @@ def _summary(out: dict[str, Any]) -> str:
     if len(summary) > MAX_SUMMARY_CHARS:
         summary = summary[:MAX_SUMMARY_CHARS].rstrip() + "…"
     return summary
-
-
-def _parse_json(text: str, model: str, tool: str) -> dict[str, Any]:
-    text = text.strip()
-    if text.startswith("```"):
-        text = re.sub(r"^```(?:json)?\s*|\s*```$", "", text)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        start, end = text.find("{"), text.rfind("}")
-        try:
-            data = json.loads(text[start : end + 1]) if 0 <= start < end else None
-        except json.JSONDecodeError:
-            data = None
-    if not isinstance(data, dict):
-        raise ConsolidationError(f"{model} answered {tool} without a JSON object")
-    return data
-
-
-def _error_text(e: anthropic.APIStatusError) -> str:
-    body = e.body
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-    return str(e.message or e)

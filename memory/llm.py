@@ -117,6 +117,7 @@ class ModelRequest:
     tools: list[ToolSpec] = field(default_factory=list)
     max_tokens: int = 2048
     structured: StructuredOutput | None = None
+    temperature: float | None = None   # sent only where the model accepts sampling parameters (caps)
 
 
 @dataclass(frozen=True, slots=True)

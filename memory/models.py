@@ -18,6 +18,9 @@ class ModelCaps:
     retired_on: str = ""                # ISO date the model reached end of life
     successor: str = ""                 # what to use instead once retired
     cache_min_tokens: int = 1024        # shortest prompt prefix the provider caches (Anthropic docs)
+    # Chat Completions: OpenAI's own models take (reasoning ones: only take) max_completion_tokens;
+    # most compatible servers know only max_tokens.
+    max_tokens_field: str = "max_tokens"
 
 
 # First match wins; patterns are fnmatch-style on the model id.
@@ -32,6 +35,19 @@ CAPABILITIES: list[tuple[str, ModelCaps]] = [
     ("claude-3-5-haiku*", ModelCaps(cache_min_tokens=2048)),
     ("claude-haiku-*", ModelCaps()),
     ("ethan-offline*", ModelCaps()),
+    # OpenAI (Chat Completions): reasoning models reject temperature other than the default.
+    ("gpt-5*", ModelCaps(sampling_params=False, max_tokens_field="max_completion_tokens")),
+    ("o[1-9]*", ModelCaps(sampling_params=False, max_tokens_field="max_completion_tokens")),
+    ("gpt-4*", ModelCaps(max_tokens_field="max_completion_tokens")),
+    # OpenAI-compatible providers, as their own documentation describes them (README
+    # "Choosing a model"); anything a 400 rejects is learned at run time anyway.
+    ("gemini-*", ModelCaps(forced_tool_use=False)),
+    ("deepseek-*", ModelCaps(structured_outputs=False)),         # response_format: json_object only
+    ("qwen*", ModelCaps(forced_tool_use=False)),
+    ("glm-*", ModelCaps(forced_tool_use=False, structured_outputs=False)),     # tool_choice: auto only
+    ("kimi-*", ModelCaps(forced_tool_use=False, structured_outputs=False)),
+    ("moonshot-*", ModelCaps(forced_tool_use=False, structured_outputs=False)),
+    ("doubao-*", ModelCaps(forced_tool_use=False)),
 ]
 UNKNOWN = ModelCaps(forced_tool_use=False, sampling_params=False, structured_outputs=True)
 

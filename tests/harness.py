@@ -6,6 +6,11 @@ replies observed at the fake Lark Open API; model requests observed at the fake 
         [reply] = h.lark.wait_for_messages(1)
         assert h.model.chat_requests()
 
+``provider="openai"`` (or the ``model_provider`` fixture, tests/conftest.py, which runs a
+module over both adapters) puts the bot on the OpenAI-compatible adapter against
+:class:`tests.fakes.fake_openai.FakeOpenAI` with ``ETHAN_PROVIDER=openai ETHAN_MODEL=gpt-4o``;
+the fakes record requests in one shape, so the same assertions hold on both.
+
 The fakes run on their own threads (lark-oapi-style blocking token fetches would deadlock a
 fake on the test's loop); the app runs on the test's loop.
 """
@@ -26,15 +31,21 @@ from bot.config import Settings
 from memory.working import MemoryConfig
 from tests.fakes.fake_anthropic import FakeAnthropic
 from tests.fakes.fake_lark import FakeLark
+from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.lark_events import make_text_event, webhook_request
 
 ENCRYPT_KEY = "test-encrypt-key"
 VERIFICATION_TOKEN = "vtoken"
 BOT_OPEN_ID = "ou_bot"
+PROVIDERS = ("anthropic", "openai")
+MAIN_MODEL = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4o"}
+# Set by the ``model_provider`` fixture for the test it runs (tests/conftest.py).
+default_provider = "anthropic"
 
 
 def make_settings(home: Path, *, lark: FakeLark | None, model: FakeAnthropic | None,
                   **overrides: Any) -> Settings:
+    openai_side = isinstance(model, FakeOpenAI)
     values: dict[str, Any] = dict(
         _env_file=None,
         ethan_home=home,
@@ -46,9 +57,12 @@ def make_settings(home: Path, *, lark: FakeLark | None, model: FakeAnthropic | N
         lark_transport="webhook",
         lark_encrypt_key=ENCRYPT_KEY,
         lark_verification_token=VERIFICATION_TOKEN,
-        anthropic_api_key="test-key" if model else "",
-        anthropic_base_url=model.base_url if model else "",
-        ethan_model="claude-sonnet-4-6",
+        anthropic_api_key="test-key" if model and not openai_side else "",
+        anthropic_base_url=model.base_url if model and not openai_side else "",
+        openai_api_key="test-key" if openai_side else "",
+        openai_base_url=model.base_url if openai_side else "",
+        ethan_provider="openai" if openai_side else "",
+        ethan_model=MAIN_MODEL["openai" if openai_side else "anthropic"],
         ethan_consolidation_model="",
         ethan_admins=[],
         ethan_console_token="",
@@ -59,14 +73,21 @@ def make_settings(home: Path, *, lark: FakeLark | None, model: FakeAnthropic | N
     return Settings(**values)
 
 
+def make_fake(provider: str | None = None) -> FakeAnthropic:
+    """The model fake of ``provider`` (default: the running test's, see ``model_provider``)."""
+    return FakeOpenAI() if (provider or default_provider) == "openai" else FakeAnthropic()
+
+
 class Harness:
     def __init__(self, home: Path, *, lark: FakeLark | None = None, model: FakeAnthropic | None = None,
-                 memory_config: MemoryConfig | None = None, **settings: Any) -> None:
+                 memory_config: MemoryConfig | None = None, provider: str | None = None,
+                 **settings: Any) -> None:
         self.home = Path(home)
         self._own_lark = lark is None
         self._own_model = model is None
         self.lark = lark or FakeLark()
-        self.model = model or FakeAnthropic()
+        self.model = model or make_fake(provider)
+        self.provider = "openai" if isinstance(self.model, FakeOpenAI) else "anthropic"
         self.memory_config = memory_config
         self.overrides = settings
         self.app: EthanApp | None = None
@@ -163,4 +184,4 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
 
 
-__all__ = ["Harness", "make_settings", "new_id", "ENCRYPT_KEY", "VERIFICATION_TOKEN", "BOT_OPEN_ID", "json"]
+__all__ = ["Harness", "make_fake", "make_settings", "new_id", "PROVIDERS", "MAIN_MODEL", "ENCRYPT_KEY", "VERIFICATION_TOKEN", "BOT_OPEN_ID", "json"]

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bot.agent.loop import run_loop
-from bot.agent.model import ChatModel, ModelFailure
 from bot.agent.prompt import MemoryBlocks, build_system, mark_cache, unique_facts, volatile_context, with_context
 from bot.agent.router import route
 from bot.log import get_logger
@@ -31,6 +30,7 @@ from memory.facts import FactStore
 from memory.modes import ModeStore
 from memory.procedures import ProcedureStore
 from memory.profile import ProfileStore
+from memory.llm import ChatModel, ModelFailure
 from memory.scope import Scope
 from memory.sessions import SessionStore
 from memory.working import WorkingMemory
@@ -71,8 +71,10 @@ class AgentResult:
     failure: str = ""
     iterations: int = 0
     tools: tuple[dict, ...] = ()
-    usage: dict = field(default_factory=dict)
+    usage: dict = field(default_factory=dict)   # input/output/cache_read/cache_write tokens, all calls
     replayed: bool = False
+    model: str = ""          # the model that answered (a fallback, maybe)
+    provider: str = ""
 
 
 APOLOGIES = {
@@ -174,7 +176,7 @@ class Agent:
         if self.on_call is not None:
             self.on_call()
         try:
-            result = await run_loop(self.model, system=system, messages=messages, tools=TOOL_SPECS,
+            result = await run_loop(self.model, system=system, messages=messages,
                                     ctx=ctx, on_text=reply.stream, deadline=deadline)
         except ModelFailure as failure:
             self.failures += 1
@@ -191,23 +193,27 @@ class Agent:
         if turn.truncated:
             lang = "zh" if is_chinese(turn.text) else "en"
             text += "\n\n" + TRUNCATION_NOTE[lang].format(n=self.max_input_chars)
-        await m.sessions.append_assistant(session.id, text)
+        # The tool round trips, neutral (memory/llm.py), with the answer they led to: shown by
+        # `ethan session show`; a resumed session replays the answers' text only, on any provider.
+        calls = [b for content, results in result.rounds
+                 for b in (*(c for c in content if c.get("type") == "tool_use"), *results)]
+        await m.sessions.append_assistant(session.id, text, tool_calls=calls or None)
+        usage = dataclasses.asdict(result.usage)
         tools = tuple({"name": o.name, "is_error": o.is_error, "result": o.content}
                       for o in result.tool_outcomes)
         show_tools = getattr(reply, "show_tools", None)   # the console's memory panel
         if show_tools is not None:
             show_tools(list(tools))
-        if show is not None and result.usage:
+        if show is not None and any(usage.values()):
             # the panel again, now with what the cache served: cached / written / uncached input
-            show(dataclasses.replace(blocks, usage=dict(result.usage)))
+            show(dataclasses.replace(blocks, usage=usage))
         await reply.finish(text)
         if m.queue is not None:
             m.queue.request(session.id)
         bound.info("agent.replied", path=blocks.path, iterations=result.iterations,
-                   tools=[t["name"] for t in tools], chars=len(text),
-                   input_tokens=result.usage.get("input_tokens", 0),
-                   cache_read_tokens=result.usage.get("cache_read_tokens", 0),
-                   cache_write_tokens=result.usage.get("cache_write_tokens", 0),
+                   tools=[t["name"] for t in tools], chars=len(text), model=result.model,
+                   provider=result.provider, input_tokens=usage["input_tokens"],
+                   cache_read_tokens=usage["cache_read_tokens"], cache_write_tokens=usage["cache_write_tokens"],
                    elapsed_ms=int((time.monotonic() - started) * 1000))
         return AgentResult(text, True, session.id, blocks, iterations=result.iterations,
-                           tools=tools, usage=result.usage)
+                           tools=tools, usage=usage, model=result.model, provider=result.provider)

@@ -1,7 +1,8 @@
 """The tool loop as a table: each stop reason maps to the next step.
 
-A test checks every value of ``anthropic.types.StopReason`` is covered, so a new stop
-reason from a newer SDK is a failing test, not a silent misbehaviour.
+The table covers every ``memory.llm.StopReason`` (a test checks it), and each adapter maps
+its provider's stop/finish reasons onto those values (tested per adapter), so a new stop
+reason is a failing test, not a silent misbehaviour. The loop speaks only the model port.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.agent.model import ChatModel, ModelTurn, OnText
-from bot.tools import TOOLS, ToolContext, ToolOutcome, run_tool
+from bot.tools import TOOL_SPECS, TOOLS, ToolContext, ToolOutcome, run_tool
+from memory.llm import ChatModel, Message, ModelRequest, ModelResponse, OnText, StopReason, ToolSpec, Usage
 
 
 class Step(enum.Enum):
@@ -22,17 +23,18 @@ class Step(enum.Enum):
     REFUSED = "refused"            # the model declined; deliver its text or a short note
 
 
-STOP_STEPS: dict[str, Step] = {
-    "end_turn": Step.FINISH,
-    "stop_sequence": Step.FINISH,
-    "max_tokens": Step.TRUNCATED,
-    "model_context_window_exceeded": Step.TRUNCATED,
-    "tool_use": Step.RUN_TOOLS,
-    "pause_turn": Step.CONTINUE,
-    "refusal": Step.REFUSED,
+STOP_STEPS: dict[StopReason, Step] = {
+    StopReason.END_TURN: Step.FINISH,
+    StopReason.STOP_SEQUENCE: Step.FINISH,
+    StopReason.MAX_TOKENS: Step.TRUNCATED,
+    StopReason.CONTEXT_EXCEEDED: Step.TRUNCATED,
+    StopReason.TOOL_USE: Step.RUN_TOOLS,
+    StopReason.PAUSE_TURN: Step.CONTINUE,
+    StopReason.REFUSAL: Step.REFUSED,
 }
 
 MAX_ITERATIONS = 6
+CHAT_TOOLS: list[ToolSpec] = [ToolSpec(t["name"], t["description"], t["input_schema"]) for t in TOOL_SPECS]
 
 
 @dataclass
@@ -41,17 +43,24 @@ class LoopResult:
     iterations: int
     tool_outcomes: list[ToolOutcome] = field(default_factory=list)
     stop_reason: str = ""
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""                 # the model that gave the last answer (a fallback, maybe)
+    provider: str = ""
+    # The tool round trips, in the port's neutral shape: (assistant content with tool_use
+    # blocks, the tool_result blocks sent back), in order. Stored with the answer.
+    rounds: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = field(default_factory=list)
 
 
-async def run_loop(model: ChatModel, *, system: list[dict], messages: list[dict], tools: list[dict],
-                   ctx: ToolContext, on_text: OnText | None, deadline: float,
-                   max_iterations: int = MAX_ITERATIONS) -> LoopResult:
-    convo = list(messages)
+async def run_loop(model: ChatModel, *, system: list[dict], messages: list[Message],
+                   tools: list[ToolSpec] | None = None, ctx: ToolContext, on_text: OnText | None,
+                   deadline: float, max_iterations: int = MAX_ITERATIONS) -> LoopResult:
+    tools = CHAT_TOOLS if tools is None else tools
+    convo: list[Message] = list(messages)
     outcomes: list[ToolOutcome] = []
     texts: list[str] = []
-    usage: dict[str, int] = {}
-    turn: ModelTurn | None = None
+    usage = Usage()
+    rounds: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+    resp: ModelResponse | None = None
 
     async def _on_text(so_far: str) -> None:
         # Earlier iterations' text stays on screen while a later one streams.
@@ -60,26 +69,28 @@ async def run_loop(model: ChatModel, *, system: list[dict], messages: list[dict]
 
     for i in range(1, max_iterations + 1):
         last = i == max_iterations
-        turn = await model.turn(system=system, messages=convo, tools=tools,
+        resp = await model.turn(ModelRequest(system=system, messages=convo, tools=tools),
                                 on_text=_on_text, deadline=deadline)
-        for k, v in turn.usage.items():
-            usage[k] = usage.get(k, 0) + v
-        if turn.text:
-            texts.append(turn.text)
-        step = STOP_STEPS.get(turn.stop_reason, Step.FINISH)
-        if step is Step.RUN_TOOLS and turn.tool_uses and not last:
-            convo.append({"role": "assistant", "content": turn.content})
-            results = [await run_tool(TOOLS, b, ctx) for b in turn.tool_uses]
+        usage = usage + resp.usage
+        if resp.text:
+            texts.append(resp.text)
+        step = STOP_STEPS.get(resp.stop_reason, Step.FINISH)
+        if step is Step.RUN_TOOLS and resp.tool_uses and not last:
+            convo.append({"role": "assistant", "content": resp.content})
+            results = [await run_tool(TOOLS, b, ctx) for b in resp.tool_uses]
             outcomes.extend(results)
-            convo.append({"role": "user", "content": [r.as_block() for r in results]})
+            blocks = [r.as_block() for r in results]
+            rounds.append((resp.content, blocks))
+            convo.append({"role": "user", "content": blocks})
             continue
         if step is Step.CONTINUE and not last:
-            convo.append({"role": "assistant", "content": turn.content})
+            convo.append({"role": "assistant", "content": resp.content})
             continue
         text = "\n\n".join(t.strip() for t in texts if t.strip())
         if step is Step.TRUNCATED:
             text = (text + "\n\n…") if text else "…"
-        return LoopResult(text, i, outcomes, turn.stop_reason, usage)
+        return LoopResult(text, i, outcomes, resp.stop_reason.value, usage, resp.model, resp.provider, rounds)
     text = "\n\n".join(t.strip() for t in texts if t.strip())
-    return LoopResult(text, max_iterations, outcomes, turn.stop_reason if turn else "", usage)
+    return LoopResult(text, max_iterations, outcomes, resp.stop_reason.value if resp else "", usage,
+                      resp.model if resp else "", resp.provider if resp else "", rounds)
 

@@ -56,15 +56,20 @@ def setup_health(web_app: web.Application, ethan: Probed) -> None:
             state = lc.status() if lc is not None else {"state": "starting", "reason": "not started"}
             transport = {"kind": "ws", "ready": bool(lc and lc.is_connected), **state}
         identity = ethan.identity_known
-        ready = bool(ethan.ready and db_ok and transport["ready"])
+        problem = getattr(ethan, "model_problem", None)
+        ready = bool(ethan.ready and db_ok and transport["ready"] and not problem)
         body = {
-            "status": "ok" if ready else "starting" if not ethan.closing else "stopping",
+            "status": "ok" if ready else "stopping" if ethan.closing else "degraded" if problem and ethan.ready
+            else "starting",
             "ready": ready,
             "reason": "" if ready else _why_not(ethan, db_ok, transport),
             "database": "open" if db_ok else "closed",
             "transport": transport,
             "bot_identity": identity,
             "model": getattr(ethan.agent.model, "name", "") if ethan.agent else "",
+            "provider": getattr(ethan.agent.model, "provider", "") if ethan.agent else "",
+            "model_ok": None if problem is None else not problem,
+            **({"model_problem": problem} if problem else {}),
             "offline_model": s.offline_model,
             "consolidation_queue": ethan.queue.depth if ethan.queue else 0,
             "uptime_s": round(time.time() - ethan.started_at, 1) if ethan.started_at else 0,

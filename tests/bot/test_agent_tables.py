@@ -8,15 +8,32 @@ from dataclasses import dataclass
 import anthropic
 import pytest
 
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+
 from bot.agent.loop import STOP_STEPS
+from bot.llm.openai_model import FINISH
+from memory.llm import StopReason
 from bot.agent.prompt import MemoryBlocks, build_system, unique_facts
 from bot.agent.router import FAST, FULL, MEDIUM, route
 
 
 def test_every_stop_reason_has_a_step():
+    assert set(StopReason) == set(STOP_STEPS), set(StopReason) ^ set(STOP_STEPS)
+
+
+def test_every_anthropic_stop_reason_maps_onto_the_port():
     reasons = set(typing.get_args(anthropic.types.StopReason))
     assert reasons, "SDK exposes StopReason"
-    assert reasons <= set(STOP_STEPS), reasons - set(STOP_STEPS)
+    assert reasons <= {s.value for s in StopReason}, reasons - {s.value for s in StopReason}
+
+
+def test_every_openai_finish_reason_maps_onto_the_port():
+    annotation = ChunkChoice.model_fields["finish_reason"].annotation
+    reasons = {a for arg in typing.get_args(annotation) for a in (typing.get_args(arg) or (arg,))
+               if isinstance(a, str)}
+    assert reasons, "SDK exposes finish_reason's values"
+    assert reasons <= set(FINISH), reasons - set(FINISH)
+    assert FINISH["tool_calls"] is StopReason.TOOL_USE and FINISH["length"] is StopReason.MAX_TOKENS
 
 
 @pytest.mark.parametrize("text,path", [

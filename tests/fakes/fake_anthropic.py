@@ -490,6 +490,7 @@ class FakeAnthropic(ThreadedAiohttpServer):
         self.cache_min_tokens: int | None = None  # None: per model (cache_min_tokens(model))
         self.caching: bool = True  # False: cache_control is accepted and ignored (nothing cached)
         self._clock_offset = 0.0
+        self.unknown_models: set[str] = set()  # GET /v1/models/{id} answers 404 for these
         self._lock = threading.RLock()
         self._script: deque = deque()
         self._routes: list[tuple[Callable[[dict], bool], Any]] = []
@@ -630,6 +631,7 @@ class FakeAnthropic(ThreadedAiohttpServer):
         app = web.Application(client_max_size=32 * 1024 * 1024)
         app.router.add_post("/v1/messages", self._h_messages)
         app.router.add_post("/v1/messages/count_tokens", self._h_count_tokens)
+        app.router.add_get("/v1/models/{model_id}", self._h_model)
         app.router.add_route("*", "/{tail:.*}", self._h_unknown)
         return app
 
@@ -657,6 +659,17 @@ class FakeAnthropic(ThreadedAiohttpServer):
         if self.strict and not request.headers.get("anthropic-version"):
             return Error(400, "invalid_request_error", "anthropic-version: header is required")
         return None
+
+    async def _h_model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the bot's start-up check): 404 for ids in ``unknown_models``."""
+        err = self._auth_error(request)
+        if err is not None:
+            return self._error_response(err)
+        model_id = request.match_info["model_id"]
+        if model_id in self.unknown_models:
+            return self._error_response(Error(404, "not_found_error", f"model: {model_id}"))
+        return web.json_response({"type": "model", "id": model_id, "display_name": model_id,
+                                  "created_at": "2026-01-01T00:00:00Z"})
 
     async def _h_unknown(self, request: web.Request) -> web.Response:
         return self._error_response(Error(404, "not_found_error",

@@ -1,30 +1,60 @@
-"""The consolidator against the fake Messages API, through the real anthropic SDK."""
+"""The consolidator through the model port, on each adapter: the real ``anthropic`` SDK
+against the fake Messages API and the real ``openai`` SDK against the fake Chat Completions
+API (the fakes record requests in one shape, so the assertions are the same)."""
 
 from __future__ import annotations
 
-import anthropic
 import pytest
 
+from bot.llm.anthropic_model import AnthropicChatModel
+from bot.llm.anthropic_model import make_client as anthropic_client
+from bot.llm.openai_model import OpenAIChatModel
+from bot.llm.openai_model import make_client as openai_client
 from memory.consolidator import (
     EXTRACT_TOOL, SUMMARY_TOOL, ConsolidationError, Consolidator, clean_user_line,
 )
+from memory.models import caps
 from memory.working import Message, Turn
-from tests.fakes.fake_anthropic import Error, FakeAnthropic, forced_tool, is_structured, user_texts
+from tests.fakes.fake_anthropic import Error, FakeAnthropic, Json, forced_tool, is_structured, user_texts
+from tests.fakes.fake_openai import FakeOpenAI
+
+# per adapter: the routed consolidation model of its main model, a model without forced
+# tool use, and an unknown model
+MODELS = {
+    "anthropic": {"routed": "claude-haiku-4-5", "no_forced": "claude-opus-4-7"},
+    "openai": {"routed": "gpt-4o-mini", "no_forced": "gemini-2.5-flash-lite"},
+}
+
+
+@pytest.fixture(params=("anthropic", "openai"))
+def provider(request):
+    return request.param
 
 
 @pytest.fixture
-def fake():
-    with FakeAnthropic() as f:
+def fake(provider):
+    with (FakeOpenAI() if provider == "openai" else FakeAnthropic()) as f:
         yield f
 
 
 @pytest.fixture
-async def client(fake):
-    c = anthropic.AsyncAnthropic(base_url=fake.base_url, api_key="test", max_retries=0)
+async def make(fake, provider):
+    """make(model) -> Consolidator on that model, through the provider's adapter."""
+    client = (openai_client if provider == "openai" else anthropic_client)(api_key="test", base_url=fake.base_url)
+    cls = OpenAIChatModel if provider == "openai" else AnthropicChatModel
+
+    def _make(model: str | None = None) -> Consolidator:
+        return Consolidator(cls(client, model or MODELS[provider]["routed"], provider=provider), timeout=10)
+
     try:
-        yield c
+        yield _make
     finally:
-        await c.close()
+        await client.close()
+
+
+def system_of(req) -> str:
+    system = req.json["system"]
+    return system if isinstance(system, str) else "\n".join(b["text"] for b in system)
 
 
 def turn(user: str, answer: str = "", name: str = "Alice", uid: str = "ou_alice", i: int = 1) -> Turn:
@@ -34,14 +64,13 @@ def turn(user: str, answer: str = "", name: str = "Alice", uid: str = "ou_alice"
     return t
 
 
-async def test_compress_forced_tool_on_routed_model(fake, client):
+async def test_compress_forced_tool_on_routed_model(fake, make, provider):
     fake.on_tool(SUMMARY_TOOL, {"summary": "Alice plans a trip to Kyoto."})
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
-    assert c.model == "claude-haiku-4-5"
+    c = make()
     out = await c.compress([turn("I'm going to Kyoto in May", "Nice!")], previous_summary="earlier")
     assert out == "Alice plans a trip to Kyoto."
     [req] = fake.requests
-    assert req.model == "claude-haiku-4-5"
+    assert req.model == MODELS[provider]["routed"]
     assert req.json["tool_choice"] == {"type": "tool", "name": "write_summary"}
     [tool] = req.json["tools"]
     assert tool["name"] == "write_summary"
@@ -51,14 +80,7 @@ async def test_compress_forced_tool_on_routed_model(fake, client):
     assert "[Alice]: I'm going to Kyoto in May" in text and "[assistant]: Nice!" in text and "earlier" in text
 
 
-async def test_override_model_wins(fake, client):
-    fake.on_tool(SUMMARY_TOOL, {"summary": "s"})
-    c = Consolidator(client, main_model="claude-sonnet-4-6", override_model="claude-haiku-4-5-20251001")
-    await c.compress([turn("x")])
-    assert fake.requests[0].model == "claude-haiku-4-5-20251001"
-
-
-async def test_extract_shape_and_user_lines_only(fake, client):
+async def test_extract_shape_and_user_lines_only(fake, make):
     fake.on_tool(EXTRACT_TOOL, {
         "facts": [
             {"content": "The user is vegetarian", "category": "preference", "importance": 0.9},
@@ -67,7 +89,7 @@ async def test_extract_shape_and_user_lines_only(fake, client):
         ],
         "profile_psych": [{"entry": "stressed about exams"}],
     })
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
+    c = make()
     out = await c.extract([
         "I'm vegetarian",
         "[长期记忆]\nthe user likes golf",                       # injected memory echoed back
@@ -89,70 +111,78 @@ async def test_extract_shape_and_user_lines_only(fake, client):
     sent = user_texts(req.json)[0]
     assert "vegetarian" in sent and "golf" not in sent and "memory_context" not in sent
     assert "sk-ant-" not in sent and "[redacted]" in sent
-    assert "Leave profile_psych empty" in req.json["system"]
+    assert "Leave profile_psych empty" in system_of(req)
 
 
-async def test_extract_companion_keeps_psych(fake, client):
+async def test_extract_companion_keeps_psych(fake, make):
     fake.on_tool(EXTRACT_TOOL, {"facts": [], "profile_psych": [{"entry": "worried about the move"}]})
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
-    out = await c.extract(["moving next week, I'm anxious"], companion=True)
+    out = await make().extract(["moving next week, I'm anxious"], companion=True)
     assert out.profile_psych == ["worried about the move"]
-    assert "心理与情绪" in fake.requests[0].json["system"]
+    assert "心理与情绪" in system_of(fake.requests[0])
 
 
-async def test_extract_nothing_to_read_makes_no_call(fake, client):
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
-    out = await c.extract(["[对话摘要]\nsomething", "  "], companion=True)
+async def test_extract_nothing_to_read_makes_no_call(fake, make):
+    out = await make().extract(["[对话摘要]\nsomething", "  "], companion=True)
     assert out.facts == [] and fake.requests == []
 
 
-async def test_structured_outputs_for_model_without_forced_tools(fake, client):
+async def test_structured_outputs_for_model_without_forced_tools(fake, make, provider):
+    model = MODELS[provider]["no_forced"]
     fake.on_tool(SUMMARY_TOOL, {"summary": "structured summary"}, keys={"summary"})
-    c = Consolidator(client, main_model="claude-opus-4-7", override_model="claude-opus-4-7")
-    assert await c.compress([turn("hello")]) == "structured summary"
+    assert await make(model).compress([turn("hello")]) == "structured summary"
     [req] = fake.requests
     assert req.kind == "structured"
     assert "tools" not in req.json and "tool_choice" not in req.json
-    assert "temperature" not in req.json and "top_p" not in req.json      # caps: no sampling params
+    # caps: sampling parameters only where the model takes them
+    assert ("temperature" in req.json) == caps(model).sampling_params
     fmt = req.json["output_config"]["format"]
     assert fmt["type"] == "json_schema" and set(fmt["schema"]["properties"]) == {"summary"}
 
 
-async def test_unknown_model_routes_to_itself_and_uses_structured_outputs(fake, client):
+async def test_unknown_model_uses_structured_outputs(fake, make):
     fake.on_tool(EXTRACT_TOOL, {"facts": [{"content": "The user codes in Rust", "category": "knowledge",
                                           "importance": 0.8}], "profile_psych": []},
                  keys={"facts", "profile_psych"})
-    c = Consolidator(client, main_model="acme-large-2")
+    c = make("acme-large-2")
     assert c.model == "acme-large-2"
     out = await c.extract(["I write Rust"], companion=False)
     assert [f.content for f in out.facts] == ["The user codes in Rust"]
     assert fake.requests[0].kind == "structured" and "temperature" not in fake.requests[0].json
 
 
-async def test_forced_tool_rejected_falls_back_and_is_remembered(fake, client):
-    fake.on(lambda r: forced_tool(r) is not None,
-            Error.invalid_request("tool_choice: forced tool use is not supported for this model"))
-    fake.on(is_structured, lambda r: __import__("tests.fakes.fake_anthropic", fromlist=["Json"]).Json(
-        {"summary": "fallback ok"}))
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
-    assert c.mode_for() == "tool"
+async def test_forced_tool_rejected_falls_back_and_is_remembered(fake, make, provider):
+    message = ("tool_choice: forced tool use is not supported for this model" if provider == "anthropic"
+               else "Invalid value for 'tool_choice': this model does not support a named tool_choice")
+    fake.on(lambda r: forced_tool(r) is not None, Error.invalid_request(message))
+    fake.on(is_structured, lambda r: Json({"summary": "fallback ok"}))
+    c = make()
     assert await c.compress([turn("a")]) == "fallback ok"
     assert [r.kind for r in fake.requests] == ["tool", "structured"]
-    assert c.mode_for() == "structured"
     assert await c.compress([turn("b")]) == "fallback ok"
     assert [r.kind for r in fake.requests] == ["tool", "structured", "structured"]   # learned
 
 
-async def test_other_400_is_not_a_fallback(fake, client):
+async def test_structured_rejected_falls_back_to_a_json_instruction(fake, make, provider):
+    model = MODELS[provider]["no_forced"]
+    fake.on(is_structured, Error.invalid_request("response_format json_schema / output_config is not supported"))
+    fake.on(lambda r: True, lambda r: Json({"summary": "from the text"}))
+    c = make(model)
+    assert await c.compress([turn("a")]) == "from the text"
+    assert [r.kind for r in fake.requests] == ["structured", "chat"]
+    assert "matching this JSON schema (write_summary)" in system_of(fake.requests[-1])
+
+
+async def test_other_400_is_not_a_fallback(fake, make):
     fake.on(lambda r: True, Error.invalid_request("max_tokens: too large"))
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
+    c = make()
     with pytest.raises(ConsolidationError):
         await c.compress([turn("a")])
-    assert len(fake.requests) == 1 and c.mode_for() == "tool"
+    assert len(fake.requests) == 1
+    assert c.chat.modes.mode_for(c.model) == "tool"
 
 
-async def test_api_errors_and_bad_shapes_raise(fake, client):
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
+async def test_api_errors_and_bad_shapes_raise(fake, make):
+    c = make()
     fake.on(lambda r: True, Error.overloaded())
     with pytest.raises(ConsolidationError):
         await c.compress([turn("a")])
@@ -162,10 +192,9 @@ async def test_api_errors_and_bad_shapes_raise(fake, client):
         await c.compress([turn("a")])
 
 
-async def test_summarize_episode(fake, client):
+async def test_summarize_episode(fake, make):
     fake.on_tool(SUMMARY_TOOL, {"summary": "They planned Kyoto."})
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
-    out = await c.summarize_episode("Earlier: budget set", [turn("book the ryokan", "done")])
+    out = await make().summarize_episode("Earlier: budget set", [turn("book the ryokan", "done")])
     assert out == "They planned Kyoto."
     sent = user_texts(fake.requests[0].json)[0]
     assert "Earlier: budget set" in sent and "book the ryokan" in sent

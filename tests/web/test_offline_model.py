@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from bot.llm.anthropic_model import AnthropicChatModel
 from bot.offline_model import setup_offline_model
 from bot.tools import TOOL_SPECS
 from memory.consolidator import Consolidator
@@ -188,10 +189,11 @@ def _turns():
 @pytest.mark.parametrize("model, mode", [("claude-haiku-4-5", "tool"), ("claude-opus-4-7", "structured"),
                                          ("claude-haiku-4-5", "json")])
 async def test_consolidator_summary_and_extraction(client, model, mode):
-    c = Consolidator(client, main_model="claude-sonnet-4-6", override_model=model)
+    chat = AnthropicChatModel(client, model)
+    c = Consolidator(chat)
     if mode == "json":
-        c._learned[model] = "json"          # what a 400 rejecting output_config teaches it
-    assert c.mode_for() == mode
+        chat.modes._learned[model] = "json"          # what a 400 rejecting output_config teaches it
+    assert chat.modes.mode_for(model) == mode
     summary = await c.compress(_turns())
     assert "我是一名后端工程师" in summary and "我喜欢喝咖啡" in summary
     assert "[offline]" not in summary and "助手自己说的话" not in summary     # what users said, only
@@ -209,7 +211,7 @@ async def test_consolidator_summary_and_extraction(client, model, mode):
 
 
 async def test_consolidator_fold_and_episode(client):
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
+    c = Consolidator(AnthropicChatModel(client, "claude-haiku-4-5"))
     folded = await c.fold("用户是后端工程师。", ["用户喜欢咖啡。", "用户最近压力大。"])
     assert "后端工程师" in folded and "咖啡" in folded and "压力" in folded
     episode = await c.summarize_episode("", _turns())
