@@ -513,12 +513,27 @@ class Commands:
         depth = queue.depth if queue is not None else 0
         uptime = int(time.time() - run.started_at) if run.started_at else 0
         await self.audit.record(ctx.user, "stats", "", ctx.inbound.chat_id, "", allowed=True)
+        usage = _usage_lines(getattr(self.app, "usage", None), ctx.zh)
         if ctx.zh:
             return (f"统计（启动 {uptime // 3600} 小时 {uptime % 3600 // 60} 分钟）：\n"
                     f"用户 {users}，对话 {conversations}，会话 {sessions}，消息 {messages}\n"
                     f"记忆 {facts} 条，情节 {episodes} 条，整理队列 {depth}\n"
-                    f"模型调用 {calls} 次，失败 {failures} 次（自启动）")
+                    f"模型调用 {calls} 次，失败 {failures} 次（自启动）" + usage)
         return (f"Stats (up {uptime // 3600}h {uptime % 3600 // 60}m):\n"
                 f"users {users}, conversations {conversations}, sessions {sessions}, messages {messages}\n"
                 f"facts {facts}, episodes {episodes}, consolidation queue {depth}\n"
-                f"model calls {calls}, failures {failures} (since start)")
+                f"model calls {calls}, failures {failures} (since start)" + usage)
+
+
+def _usage_lines(book, zh: bool) -> str:
+    """Tokens per provider:model since start (chat and consolidation), one line each."""
+    rows = book.rows() if book is not None else []
+    out = []
+    for provider, model, n, u in rows:
+        if zh:
+            out.append(f"\n{provider}:{model} — {n} 次回答，输入 {u.input_tokens}，输出 {u.output_tokens}，"
+                       f"缓存读 {u.cache_read_tokens}，缓存写 {u.cache_write_tokens} tokens")
+        else:
+            out.append(f"\n{provider}:{model} — {n} answers, input {u.input_tokens}, output {u.output_tokens}, "
+                       f"cache read {u.cache_read_tokens}, cache write {u.cache_write_tokens} tokens")
+    return "".join(out)

@@ -28,6 +28,9 @@ from tests.fakes.fake_anthropic import Text, ToolUse, Turn, tool_results
 from tests.harness import Harness
 from tests.reliability.support import REPO
 
+# Every test here runs on each model adapter (Anthropic, OpenAI-compatible): same assertions.
+pytestmark = pytest.mark.usefixtures("model_provider")
+
 ALICE_P2P = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 BOB_P2P = dict(chat_id="oc_p2p_bob", sender="ou_bob")
 ALICE_GROUP = dict(chat_id="oc_team", chat_type="group", sender="ou_alice")

@@ -14,11 +14,16 @@ fake validates every request like the real API), and nothing at error level in t
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 import time
 
 from tests.fakes.fake_anthropic import Error, Stall, Text, ToolUse
 from tests.harness import Harness
+
+# Every test here runs on each model adapter (Anthropic, OpenAI-compatible): same assertions.
+pytestmark = pytest.mark.usefixtures("model_provider")
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 PARTIAL = "".join(f"第 {i} 段：这是一个很长的回答的开头部分，还没有写完。\n" for i in range(40))

@@ -1,0 +1,215 @@
+"""Providers at the wire: the bot on an OpenAI-compatible endpoint (the real ``openai`` SDK
+against FakeOpenAI), the routed consolidation model on each provider, a fallback model
+answering the same turn, and the start-up check of the main model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+
+from memory.working import MemoryConfig
+from tests.e2e.test_metrics import healthz, scrape
+from tests.fakes.fake_anthropic import Error, FakeAnthropic, Stall, Text, ToolUse
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.harness import Harness
+from tests.reliability.support import LogCapture
+
+ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
+SMALL = MemoryConfig(hot_size=2, compress_batch=2, warm_capacity=4)
+
+
+def _consolidation_answers(fake) -> None:
+    fake.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
+    fake.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
+                 keys={"facts", "profile_psych"})
+
+
+async def _turn(h, text, n, **who):
+    await h.send_text(text, **who)
+    await h.replies(n)
+    await h.idle()
+
+
+async def test_gpt4o_streams_remembers_and_consolidates_on_gpt4o_mini(tmp_path):
+    answer = "".join(f"第 {i} 段：流式卡片里的长回答。\n" for i in range(60))
+    async with Harness(tmp_path, provider="openai", memory_config=SMALL) as h:
+        assert h.app.agent.model.name == "gpt-4o" and h.app.agent.model.provider == "openai"
+        _consolidation_answers(h.model)
+        h.model.script(
+            ToolUse("memory_write", {"content": "Alice 喜欢喝乌龙茶", "category": "preference"}),
+            Text("记住了。"),
+            Text(answer),
+        )
+        await _turn(h, "remember: 我喜欢喝乌龙茶", 1, **ALICE)
+        await _turn(h, "写一篇长文", 2, **ALICE)
+        for i in range(4):
+            await _turn(h, f"question {i}", 3 + i, **ALICE)
+        chats = h.model.chat_requests()
+        assert all(r.model == "gpt-4o" and r.stream for r in chats)
+        assert all("/chat/completions" in r.path for r in h.model.requests)
+        # the memory tool's write is in the next request's <memory_context>
+        memory = h.model.last_system_text(chats[2]).split("<memory_context>")[1]
+        assert "Alice 喜欢喝乌龙茶" in memory.split("</memory_context>")[0]
+        # the long answer streamed into one card
+        card_msg = h.lark.messages()[1]
+        assert card_msg.card_id and h.lark.card_text(card_msg.card_id).strip() == answer.strip()
+        # consolidation: the routed model, on the same provider
+        consolidation = [r for r in h.model.requests if r.kind != "chat"]
+        assert consolidation, "no consolidation request"
+        assert {r.model for r in consolidation} == {"gpt-4o-mini"}
+        assert h.model.tool_requests("write_summary")    # gpt-4o-mini takes a forced function
+
+
+async def test_gemini_pro_consolidates_on_flash_lite(tmp_path):
+    async with Harness(tmp_path, provider="openai", ethan_model="gemini-2.5-pro", memory_config=SMALL) as h:
+        _consolidation_answers(h.model)
+        for i in range(5):
+            await _turn(h, f"gemini question {i}", 1 + i, **ALICE)
+        consolidation = [r for r in h.model.requests if r.kind != "chat"]
+        assert consolidation and {r.model for r in consolidation} == {"gemini-2.5-flash-lite"}
+        assert {r.model for r in h.model.chat_requests()} == {"gemini-2.5-pro"}
+
+
+async def test_consolidation_model_may_name_another_provider(tmp_path):
+    with FakeOpenAI() as other:
+        _consolidation_answers(other)
+        async with Harness(tmp_path, memory_config=SMALL, openai_api_key="k2", openai_base_url=other.base_url,
+                           ethan_consolidation_model="openai:deepseek-chat") as h:
+            assert h.app.queue.consolidator.model == "deepseek-chat"
+            for i in range(5):
+                await _turn(h, f"cross-provider question {i}", 1 + i, **ALICE)
+            assert [r for r in h.model.requests if r.kind != "chat"] == []
+            assert other.requests and {r.model for r in other.requests} == {"deepseek-chat"}
+            assert all(r.kind == "tool" for r in other.requests)   # caps: deepseek takes a forced function
+
+
+@pytest.mark.parametrize("failure", [Error.overloaded(), Error.api_error(503), Stall(seconds=30),
+                                     Error.rate_limit(retry_after=60)])
+async def test_anthropic_down_fallback_answers_the_same_turn(tmp_path, failure):
+    with FakeOpenAI() as fallback, LogCapture() as logs:
+        fallback.script(Text("answer from the fallback"))
+        async with Harness(tmp_path, ethan_reply_deadline=4, openai_api_key="k", openai_base_url=fallback.base_url,
+                           ethan_fallback_models=["openai:gpt-4o-mini"]) as h:
+            h.model.script(failure)
+            await h.send_text("hello, are you there?", **ALICE)
+            [reply] = await h.replies(1, timeout=10)
+            await h.idle()
+            await asyncio.sleep(0.2)
+            assert reply.text == "answer from the fallback"
+            assert len(h.lark.messages()) == 1
+            assert len(h.model.chat_requests()) == 1 and len(fallback.chat_requests()) == 1
+            assert fallback.chat_requests()[0].model == "gpt-4o-mini"
+            m = await scrape(h)
+            assert m.value("ethan_model_answers_total", provider="openai", model="gpt-4o-mini") == 1
+            assert m.total("ethan_model_fallbacks_total") == 1
+            assert m.total("ethan_model_failures_total") == 0        # the user got an answer
+            rows = await h.app.db.fetchall("SELECT role, content FROM messages ORDER BY id")
+            assert [r["role"] for r in rows] == ["user", "assistant"]
+        [replied] = logs.events("agent.replied")
+        assert (replied["model"], replied["provider"]) == ("gpt-4o-mini", "openai")
+        [fell] = logs.events("model.fallback")
+        assert fell["next_model"] == "gpt-4o-mini" and fell["failed_model"] == "claude-sonnet-4-6"
+
+
+async def test_fallback_after_partial_streamed_text_shows_one_answer(tmp_path):
+    answer = "".join(f"line {i} of the fallback's own answer\n" for i in range(60))
+    with FakeOpenAI() as fallback:
+        fallback.script(Text(answer))
+        async with Harness(tmp_path, openai_api_key="k", openai_base_url=fallback.base_url,
+                           ethan_fallback_models=["openai:gpt-4o-mini"]) as h:
+            partial = "".join(f"partial {i} from the overloaded model\n" for i in range(40))
+            h.model.script(Error.overloaded(after_text=partial))
+            h.model.stream_delay = 0.15      # the partial text is on screen a while,
+            fallback.latency = 0.5           # and so is it when the fallback starts,
+            fallback.stream_delay = 0.15     # whose answer streams visibly too
+            await h.send_text("write a lot", **ALICE)
+            await h.idle()
+            await asyncio.sleep(0.3)
+            msgs = h.lark.messages()
+            assert len(msgs) == 1 and msgs[0].card_id, msgs
+            text = h.lark.card_text(msgs[0].card_id)
+            assert text.strip() == answer.strip()
+            assert "partial" not in text
+            # the failed model's partial text did reach the card first, and was replaced
+            streamed = [json.dumps(c.json, ensure_ascii=False) for c in h.lark.calls_to("/content")]
+            assert any("partial 0" in s for s in streamed), "the partial text never streamed"
+            # and was never shown together with the fallback's answer, even while streaming
+            assert not any("partial 0" in s and "of the fallback's own answer" in s for s in streamed)
+
+
+@pytest.mark.parametrize("failure", [Error.invalid_request("messages: bad shape"), Error.spend_limit()])
+async def test_bad_request_and_spend_limit_never_fall_back(tmp_path, failure):
+    with FakeOpenAI() as fallback:
+        async with Harness(tmp_path, openai_api_key="k", openai_base_url=fallback.base_url,
+                           ethan_fallback_models=["openai:gpt-4o-mini"]) as h:
+            h.model.strict = False
+            h.model.script(failure)
+            await h.send_text("你好，帮我看看这个问题", **ALICE)
+            [apology] = await h.replies(1, timeout=10)
+            assert apology.text.startswith("抱歉")
+            assert fallback.requests == []
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_unknown_model_at_start_one_line_and_degraded_healthz(tmp_path, provider):
+    fake = FakeOpenAI() if provider == "openai" else FakeAnthropic()
+    fake.unknown_models = {"gpt-4o-typo" if provider == "openai" else "claude-sonnet-9"}
+    with fake, LogCapture() as logs:
+        model = next(iter(fake.unknown_models))
+        async with Harness(tmp_path, model=fake, ethan_model=model) as h:
+            status, body = await healthz(h)
+            assert status == 503 and body["status"] == "degraded" and body["ready"] is False
+            assert body["model_ok"] is False
+            assert body["model_problem"].startswith("ETHAN_MODEL: model ") and model in body["model_problem"]
+            async with h.http.get(h.url + "/") as r:        # the console keeps serving
+                assert r.status == 200
+        [line] = logs.events("model.unusable")
+        assert line["problem"] == body["model_problem"] and "\n" not in line["problem"]
+        assert not [e for e in logs.entries if "exc_info" in e or "Traceback" in json.dumps(e, default=str)]
+
+
+async def test_wrong_key_and_unreachable_endpoint_name_the_setting(tmp_path):
+    with FakeOpenAI(api_key="the-right-key") as fake:
+        async with Harness(tmp_path / "a", model=fake) as h:
+            status, body = await healthz(h)
+            assert status == 503 and body["model_problem"].startswith("OPENAI_API_KEY: rejected")
+    async with Harness(tmp_path / "b", provider="openai",
+                       openai_base_url=f"http://127.0.0.1:{_closed_port()}/v1") as h:
+        status, body = await healthz(h)
+        assert status == 503 and body["model_problem"].startswith("OPENAI_BASE_URL: cannot reach")
+
+
+async def test_a_server_without_model_routes_is_not_a_problem(tmp_path):
+    with FakeOpenAI() as fake:
+        fake.retrieve_route = False         # /models/{id} 404s; the list has it
+        async with Harness(tmp_path, model=fake) as h:
+            status, body = await healthz(h)
+            assert status == 200 and body["model_ok"] is True and body["provider"] == "openai"
+
+
+async def test_usage_per_model_with_cached_tokens_in_metrics_and_stats(tmp_path):
+    long = "请记住这段很长的背景说明。" * 400          # > 1024 tokens of prefix on the next turn
+    async with Harness(tmp_path, provider="openai", ethan_admins=["ou_alice"]) as h:
+        await _turn(h, long, 1, **ALICE)
+        await _turn(h, "继续", 2, **ALICE)
+        usage = [r for r in h.model.chat_requests()]
+        assert len(usage) == 2
+        m = await scrape(h)
+        labels = dict(provider="openai", model="gpt-4o")
+        assert m.value("ethan_model_answers_total", **labels) == 2
+        assert m.value("ethan_model_tokens_total", kind="input", **labels) > 0
+        assert m.value("ethan_model_tokens_total", kind="output", **labels) > 0
+        cached = m.value("ethan_model_tokens_total", kind="cache_read", **labels)
+        assert cached >= 1024 and (cached - 1024) % 128 == 0
+        await _turn(h, "/stats", 3, **ALICE)
+        stats = h.lark.messages()[-1].text
+        assert "openai:gpt-4o" in stats and "缓存读" in stats
