@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import sqlite3
@@ -359,6 +360,13 @@ async def _session_show(settings: Settings, args: argparse.Namespace) -> int:
         who = m.role
         if m.role == "user" and (m.sender_name or m.sender_id):
             who += f" ({m.sender_name or m.sender_id})"
+        for b in m.tool_calls or ():    # the tool round trips that led to this answer (neutral shape)
+            if isinstance(b, dict) and b.get("type") == "tool_use":
+                args = json.dumps(b.get("input") or {}, ensure_ascii=False)
+                print(f"    → tool {b.get('name')}({short(args, SHOW_CHARS)})")
+            elif isinstance(b, dict) and b.get("type") == "tool_result":
+                mark = "error" if b.get("is_error") else "result"
+                print(f"    ← {mark}: {short(str(b.get('content', '')), SHOW_CHARS)}")
         print(f"[{_when(m.created_at, seconds=True)}] {who}: {short(m.content, SHOW_CHARS)}")
     return EXIT_OK
 

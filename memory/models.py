@@ -41,7 +41,7 @@ CAPABILITIES: list[tuple[str, ModelCaps]] = [
     ("gpt-4*", ModelCaps(max_tokens_field="max_completion_tokens")),
     # OpenAI-compatible providers, as their own documentation describes them (README
     # "Choosing a model"); anything a 400 rejects is learned at run time anyway.
-    ("gemini-*", ModelCaps(forced_tool_use=False)),
+    ("gemini-*", ModelCaps()),                                   # named tool_choice and json_schema
     ("deepseek-*", ModelCaps(structured_outputs=False)),         # response_format: json_object only
     ("qwen*", ModelCaps(forced_tool_use=False)),
     ("glm-*", ModelCaps(forced_tool_use=False, structured_outputs=False)),     # tool_choice: auto only

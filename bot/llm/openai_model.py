@@ -49,7 +49,11 @@ FINISH = {
     "tool_calls": StopReason.TOOL_USE,
     "function_call": StopReason.TOOL_USE,
     "content_filter": StopReason.REFUSAL,
+    "sensitive": StopReason.REFUSAL,          # GLM: stopped by its content review
 }
+# finish reasons that mean the server gave up mid-answer (GLM, DeepSeek): a failure, which a
+# fallback model may answer
+FINISH_FAILED = {"network_error": "server", "insufficient_system_resource": "overloaded"}
 
 
 def classify(exc: BaseException) -> ModelFailure:
@@ -287,6 +291,8 @@ class OpenAIChatModel:
                 args = {"_unparsed_arguments": raw[:2000]}
             content.append({"type": "tool_use", "id": slot["id"] or f"call_{i}", "name": slot["name"],
                             "input": args})
+        if finish in FINISH_FAILED:
+            raise ModelFailure(FINISH_FAILED[finish], f"the stream ended with finish_reason={finish}")
         stop = FINISH.get(finish or "stop")
         if stop is None:
             log.warning("model.unknown_stop_reason", model=self.name, finish_reason=finish)
@@ -318,19 +324,24 @@ class OpenAIChatModel:
             failure = classify(e)
             if failure.kind != "not_found":
                 raise failure from e
-        # Some servers have no GET /models/{id} (or 404 it for aliases): look in the list; a
-        # server without a list at all cannot be checked, which is not an error.
+            about_model = "model" in (str(_error_field(e, "code") or "") + failure.detail).lower() \
+                if isinstance(e, openai.APIStatusError) else False
+        # Some servers have no GET /models/{id}: look in the list. Only a 404 about the model
+        # itself makes a missing entry a problem — a server whose list leaves out what it
+        # serves (an Ark endpoint id, an alias) must not be reported as misconfigured.
         try:
             page = await asyncio.wait_for(self.client.models.list(), 10.0)
+            ids = {m.id for m in page.data}
         except Exception as e:  # noqa: BLE001
             failure = classify(e)
-            if failure.kind == "not_found":
-                log.info("model.check_unverified", model=self.name, provider=self.provider)
-                return
-            raise failure from e
-        ids = {m.id for m in page.data}
-        if self.name not in ids and f"models/{self.name}" not in ids:
+            if failure.kind != "not_found":
+                raise failure from e
+            ids = set()
+        if self.name in ids or f"models/{self.name}" in ids:
+            return
+        if about_model:
             raise ModelFailure("not_found", f"the model {self.name!r} is not offered by this endpoint", 404)
+        log.info("model.check_unverified", model=self.name, provider=self.provider)
 
     async def aclose(self) -> None:
         await self.client.close()

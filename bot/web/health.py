@@ -40,6 +40,9 @@ def _why_not(ethan: Probed, db_ok: bool, transport: dict) -> str:
     if not transport["ready"]:
         detail = transport.get("reason")
         return f"{transport['kind']} {transport.get('state', 'not ready')}" + (f": {detail}" if detail else "")
+    problem = getattr(ethan, "model_problem", None)
+    if problem:
+        return f"model: {problem}"     # the start-up check's line, naming the setting
     return ""
 
 

@@ -17,7 +17,7 @@ def clean_env(monkeypatch, tmp_path):
     import os
 
     for k in list(os.environ):
-        if k.startswith(("LARK_", "ETHAN_", "ANTHROPIC_")):
+        if k.startswith(("LARK_", "ETHAN_", "ANTHROPIC_", "OPENAI_")):
             monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("ETHAN_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
@@ -88,3 +88,117 @@ def test_redacted_hides_secrets(clean_env, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-xyz")
     out = str(load_settings().redacted())
     assert "very-secret" not in out and "sk-ant-xyz" not in out
+
+
+# -- providers and models (DESIGN §3) ------------------------------------------------------
+
+def test_provider_default_and_openai_when_only_its_key_is_set(clean_env, monkeypatch):
+    assert load_settings().provider == "anthropic"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    s = load_settings()
+    assert s.provider == "openai" and not s.offline_model
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
+    assert load_settings().provider == "anthropic"
+    monkeypatch.setenv("ETHAN_PROVIDER", "openai")
+    assert load_settings().provider == "openai"
+
+
+def test_a_base_url_alone_is_a_configured_openai_endpoint(clean_env, monkeypatch):
+    # Ollama and vLLM take no key
+    monkeypatch.setenv("ETHAN_PROVIDER", "openai")
+    assert load_settings().offline_model
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://localhost:11434/v1")
+    assert not load_settings().offline_model
+
+
+@pytest.mark.parametrize("var,value,needle", [
+    ("ETHAN_PROVIDER", "azure", "ETHAN_PROVIDER"),
+    ("ETHAN_FALLBACK_MODELS", "gpt-4o-mini", "ETHAN_FALLBACK_MODELS"),
+    ("ETHAN_FALLBACK_MODELS", "nowhere:gpt-4o-mini", "ETHAN_FALLBACK_MODELS"),
+    ("OPENAI_BASE_URL", "api.deepseek.com", "OPENAI_BASE_URL"),
+    ("ETHAN_MODEL", "openai:", "ETHAN_MODEL"),
+])
+def test_bad_model_settings_name_the_variable(clean_env, monkeypatch, var, value, needle):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as e:
+        load_settings()
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_named_providers_from_config_yaml(clean_env, monkeypatch):
+    home = clean_env / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        "providers:\n"
+        "  deepseek: {kind: openai, base_url: 'https://api.deepseek.com', api_key_env: DEEPSEEK_API_KEY}\n"
+        "  ollama: {kind: openai, base_url: 'http://localhost:11434/v1'}\n"
+        "ethan_consolidation_model: deepseek:deepseek-chat\n"
+        "ethan_fallback_models: ollama:qwen2.5:7b, openai:gpt-4o-mini\n")
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "sk-ds")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
+    s = load_settings()
+    assert s.model_ref(s.ethan_model) == ("anthropic", "claude-sonnet-4-6")
+    assert s.model_ref(s.ethan_consolidation_model) == ("deepseek", "deepseek-chat")
+    assert [s.model_ref(r) for r in s.ethan_fallback_models] == [("ollama", "qwen2.5:7b"), ("openai", "gpt-4o-mini")]
+    ds = s.provider_config("deepseek")
+    assert (ds.kind, ds.base_url, ds.api_key, ds.key_setting) == ("openai", "https://api.deepseek.com", "sk-ds",
+                                                                 "DEEPSEEK_API_KEY")
+    assert s.model_ref("qwen2.5:7b") == ("anthropic", "qwen2.5:7b")     # no such provider: part of the id
+
+
+@pytest.mark.parametrize("yaml_text,needle", [
+    ("providers:\n  x: {kind: gemini}\n", "PROVIDERS"),
+    ("providers:\n  openai: {kind: openai}\n", "PROVIDERS"),
+    ("providers:\n  x: {kind: openai, base_url: nope}\n", "PROVIDERS"),
+])
+def test_bad_providers_name_the_setting(clean_env, yaml_text, needle):
+    home = clean_env / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(yaml_text)
+    with pytest.raises(ConfigError) as e:
+        load_settings()
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("env,chat,consolidation", [
+    ({"ANTHROPIC_API_KEY": "k"}, ("anthropic", "claude-sonnet-4-6"), ("anthropic", "claude-haiku-4-5")),
+    ({"OPENAI_API_KEY": "k", "ETHAN_MODEL": "gpt-4o"}, ("openai", "gpt-4o"), ("openai", "gpt-4o-mini")),
+    ({"OPENAI_API_KEY": "k", "ETHAN_MODEL": "gpt-5.1"}, ("openai", "gpt-5.1"), ("openai", "gpt-4o-mini")),
+    ({"OPENAI_API_KEY": "k", "ETHAN_MODEL": "gemini-2.5-pro"}, ("openai", "gemini-2.5-pro"),
+     ("openai", "gemini-2.5-flash-lite")),
+    ({"OPENAI_API_KEY": "k", "ETHAN_MODEL": "gemini-2.5-flash"}, ("openai", "gemini-2.5-flash"),
+     ("openai", "gemini-2.5-flash-lite")),
+    ({"OPENAI_API_KEY": "k", "ETHAN_MODEL": "deepseek-chat"}, ("openai", "deepseek-chat"), ("openai", "deepseek-chat")),
+    ({"ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": "k", "ETHAN_CONSOLIDATION_MODEL": "openai:gpt-4o-mini"},
+     ("anthropic", "claude-sonnet-4-6"), ("openai", "gpt-4o-mini")),
+])
+async def test_routing_table_on_every_provider(clean_env, monkeypatch, env, chat, consolidation):
+    from bot.llm import build_models
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    models = build_models(load_settings())
+    try:
+        main = models.chat.models[0]
+        routed = models.consolidation.models[0]
+        assert (main.provider, main.name) == chat
+        assert (routed.provider, routed.name) == consolidation
+        kinds = {"anthropic": "AnthropicChatModel", "openai": "OpenAIChatModel"}
+        assert type(main).__name__ == kinds[chat[0]] and type(routed).__name__ == kinds[consolidation[0]]
+    finally:
+        await models.aclose()
+
+
+async def test_fallback_chain_in_order(clean_env, monkeypatch):
+    from bot.llm import build_models
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("ETHAN_FALLBACK_MODELS", "openai:gpt-4o-mini, anthropic:claude-haiku-4-5")
+    models = build_models(load_settings())
+    try:
+        assert [(m.provider, m.name) for m in models.chat.models] == [
+            ("anthropic", "claude-sonnet-4-6"), ("openai", "gpt-4o-mini"), ("anthropic", "claude-haiku-4-5")]
+        assert len(models.clients) == 2          # one client per provider
+    finally:
+        await models.aclose()

@@ -77,12 +77,12 @@ async def test_consolidation_model_may_name_another_provider(tmp_path):
     with FakeOpenAI() as other:
         _consolidation_answers(other)
         async with Harness(tmp_path, memory_config=SMALL, openai_api_key="k2", openai_base_url=other.base_url,
-                           ethan_consolidation_model="openai:deepseek-chat") as h:
-            assert h.app.queue.consolidator.model == "deepseek-chat"
+                           ethan_consolidation_model="openai:deepseek-v4-flash") as h:
+            assert h.app.queue.consolidator.model == "deepseek-v4-flash"
             for i in range(5):
                 await _turn(h, f"cross-provider question {i}", 1 + i, **ALICE)
             assert [r for r in h.model.requests if r.kind != "chat"] == []
-            assert other.requests and {r.model for r in other.requests} == {"deepseek-chat"}
+            assert other.requests and {r.model for r in other.requests} == {"deepseek-v4-flash"}
             assert all(r.kind == "tool" for r in other.requests)   # caps: deepseek takes a forced function
 
 
@@ -213,3 +213,34 @@ async def test_usage_per_model_with_cached_tokens_in_metrics_and_stats(tmp_path)
         await _turn(h, "/stats", 3, **ALICE)
         stats = h.lark.messages()[-1].text
         assert "openai:gpt-4o" in stats and "缓存读" in stats
+
+
+@pytest.mark.parametrize("first,second", [("anthropic", "openai"), ("openai", "anthropic")])
+async def test_tool_calls_stored_neutral_shown_and_a_resumed_session_replays_on_the_other_provider(
+        tmp_path, monkeypatch, capsys, first, second):
+    from bot.cli import main
+
+    async with Harness(tmp_path, provider=first) as h:
+        h.model.script(ToolUse("memory_write", {"content": "Alice likes oolong", "category": "preference"}),
+                       Text("Noted: oolong."))
+        await _turn(h, "remember that I like oolong tea", 1, **ALICE)
+        row = await h.app.db.fetchone("SELECT session_id, tool_calls FROM messages WHERE role = 'assistant'")
+    calls = json.loads(row["tool_calls"])
+    assert [b["type"] for b in calls] == ["tool_use", "tool_result"]
+    assert calls[0]["name"] == "memory_write" and calls[0]["input"]["content"] == "Alice likes oolong"
+    assert calls[1]["tool_use_id"] == calls[0]["id"] and not calls[1].get("is_error")
+    # shown by `ethan session show`
+    monkeypatch.setenv("ETHAN_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert await asyncio.to_thread(main, ["session", "show", row["session_id"]]) == 0
+    out = capsys.readouterr().out
+    assert "→ tool memory_write(" in out and "Alice likes oolong" in out and "← result:" in out
+    # the same conversation continues on the other provider: the answer's text is replayed,
+    # the round trip is not (the strict fakes would refuse a dangling tool call or result)
+    async with Harness(tmp_path, provider=second) as h:
+        await _turn(h, "what tea do I like?", 1, **ALICE)
+        [req] = h.model.chat_requests()
+        replayed = [m for m in req.json["messages"] if m["role"] == "assistant"]
+        assert any("Noted: oolong." in json.dumps(m["content"], ensure_ascii=False) for m in replayed)
+        assert "tool_use" not in json.dumps(req.json["messages"]) and "tool_result" not in json.dumps(req.json["messages"])
+        assert "Alice likes oolong" in h.model.last_system_text(req)

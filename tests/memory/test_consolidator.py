@@ -22,7 +22,7 @@ from tests.fakes.fake_openai import FakeOpenAI
 # tool use, and an unknown model
 MODELS = {
     "anthropic": {"routed": "claude-haiku-4-5", "no_forced": "claude-opus-4-7"},
-    "openai": {"routed": "gpt-4o-mini", "no_forced": "gemini-2.5-flash-lite"},
+    "openai": {"routed": "gpt-4o-mini", "no_forced": "qwen-plus"},
 }
 
 
