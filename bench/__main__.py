@@ -38,6 +38,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("consolidation_latency", "bench.bench_consolidation_latency", "6. Reply latency under consolidation"),
     ("footprint", "bench.bench_footprint", "7. Memory footprint"),
     ("cost", "bench.bench_cost", "8. Prompt-cache cost"),
+    ("providers", "bench.bench_providers", "9. Model adapters: OpenAI-compatible vs Anthropic"),
 ]
 
 

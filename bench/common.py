@@ -237,7 +237,7 @@ class Fakes:
 
 def server_env(home: Path, fakes: Fakes, port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LARK_", "ANTHROPIC_", "ETHAN_"))}
+           if not k.startswith(("LARK_", "ANTHROPIC_", "OPENAI_", "ETHAN_"))}
     env.update({
         "LARK_APP_ID": APP_ID,
         "LARK_APP_SECRET": APP_SECRET,

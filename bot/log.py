@@ -47,7 +47,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None, stream=N
     )
     # Libraries log through stdlib logging; keep them quiet unless something is wrong.
     logging.basicConfig(level=logging.WARNING, stream=stream)
-    for noisy in ("Lark", "httpx", "anthropic", "jieba", "aiohttp.access"):
+    for noisy in ("Lark", "httpx", "anthropic", "openai", "jieba", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 
 import pytest
+import structlog
 
 from memory.working import MemoryConfig
 from tests.e2e.test_metrics import healthz, scrape
@@ -232,7 +234,14 @@ async def test_tool_calls_stored_neutral_shown_and_a_resumed_session_replays_on_
     # shown by `ethan session show`
     monkeypatch.setenv("ETHAN_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    assert await asyncio.to_thread(main, ["session", "show", row["session_id"]]) == 0
+    config, root = structlog.get_config(), logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:   # bot.cli.main configures logging for the process: put the test run's back afterwards
+        assert await asyncio.to_thread(main, ["session", "show", row["session_id"]]) == 0
+    finally:
+        structlog.configure(**config)
+        root.handlers[:] = handlers
+        root.setLevel(level)
     out = capsys.readouterr().out
     assert "→ tool memory_write(" in out and "Alice likes oolong" in out and "← result:" in out
     # the same conversation continues on the other provider: the answer's text is replayed,
