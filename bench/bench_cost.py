@@ -38,11 +38,12 @@ if str(ROOT) not in sys.path:
 from bench.bench_prompt_size import FACTS, _assistant_text  # noqa: E402
 from bench.common import percentile, table, temp_home  # noqa: E402
 from bot.agent.agent import Agent, Memory, UserTurn  # noqa: E402
-from bot.agent.model import AnthropicChatModel, make_client  # noqa: E402
+from bot.llm.anthropic_model import AnthropicChatModel, make_client  # noqa: E402
 from bot.agent.router import route  # noqa: E402
 from bot.reply import CollectingReply  # noqa: E402
 from memory.consolidation_queue import ConsolidationQueue  # noqa: E402
 from memory.consolidator import Consolidator  # noqa: E402
+from memory.models import route_consolidation_model  # noqa: E402
 from memory.db import Database  # noqa: E402
 from memory.episodic import EpisodeStore  # noqa: E402
 from memory.facts import FactStore  # noqa: E402
@@ -129,7 +130,7 @@ async def _conversation(fake: FakeAnthropic, lines: list[str], turns: int, *, ca
             procedures, modes = ProcedureStore(db), ModeStore(db)
             queue = ConsolidationQueue(db=db, sessions=sessions, working=working, facts=facts, profile=profile,
                                        episodes=episodes, modes=modes,
-                                       consolidator=Consolidator(client, main_model=MODEL))
+                                       consolidator=Consolidator(AnthropicChatModel(client, route_consolidation_model(MODEL))))
             memory = Memory(db=db, sessions=sessions, working=working, facts=facts, procedures=procedures,
                             profile=profile, episodes=episodes, modes=modes, queue=queue)
             agent = Agent(memory, AnthropicChatModel(client, MODEL), deadline=60)

@@ -134,6 +134,13 @@ def wire_system(system: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [_cached(b, {"type": "text", "text": b.get("text", "")}) for b in system if b.get("text")]
 
 
+def to_wire(system: list[dict[str, Any]], messages: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """The request's system blocks and messages as the Messages API takes them: the port's
+    ``"cache": True`` as ``cache_control``, images as base64 sources; copies (the caller's
+    blocks are left alone)."""
+    return wire_system(system), wire_messages(messages)
+
+
 class AnthropicChatModel:
     """``ChatModel`` over the Messages API."""
 

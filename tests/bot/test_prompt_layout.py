@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bot.agent.model import to_wire
+from bot.llm.anthropic_model import to_wire
 from bot.agent.prompt import (
     MAX_BREAKPOINTS, MemoryBlocks, build_system, mark_cache, token_split, volatile_context, with_context,
 )

@@ -201,18 +201,20 @@ async def test_a_server_without_model_routes_is_not_a_problem(tmp_path):
 async def test_usage_per_model_with_cached_tokens_in_metrics_and_stats(tmp_path):
     long = "请记住这段很长的背景说明。" * 400          # > 1024 tokens of prefix on the next turn
     async with Harness(tmp_path, provider="openai", ethan_admins=["ou_alice"]) as h:
+        # turn 3's request repeats turn 2's up to the replayed long turn (the date and episodes
+        # ride in front of the newest words only): a cached prefix of more than 1024 tokens
         await _turn(h, long, 1, **ALICE)
         await _turn(h, "继续", 2, **ALICE)
-        usage = [r for r in h.model.chat_requests()]
-        assert len(usage) == 2
+        await _turn(h, "再继续", 3, **ALICE)
+        assert len(h.model.chat_requests()) == 3
         m = await scrape(h)
         labels = dict(provider="openai", model="gpt-4o")
-        assert m.value("ethan_model_answers_total", **labels) == 2
+        assert m.value("ethan_model_answers_total", **labels) == 3
         assert m.value("ethan_model_tokens_total", kind="input", **labels) > 0
         assert m.value("ethan_model_tokens_total", kind="output", **labels) > 0
         cached = m.value("ethan_model_tokens_total", kind="cache_read", **labels)
         assert cached >= 1024 and (cached - 1024) % 128 == 0
-        await _turn(h, "/stats", 3, **ALICE)
+        await _turn(h, "/stats", 4, **ALICE)
         stats = h.lark.messages()[-1].text
         assert "openai:gpt-4o" in stats and "缓存读" in stats
 
