@@ -44,9 +44,9 @@ counted from 1024 in 128-token increments. Tokens are the same estimate as the A
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +88,21 @@ def _parts_text(content: Any) -> str:
     return "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text")
 
 
+# The agent sends the volatile context (recalled episodes, then "Today is <date>.") as a text
+# block in front of the user's words; the adapter joins a message's text blocks with a newline
+# (several compatible servers take no list of parts). Split it back, so the shared helpers
+# (``last_user_text``, the echo) read the user's own words on both fakes.
+_CONTEXT = re.compile(r"\A((?:<related_episodes>.*?</related_episodes>\n\n)?Today is \d{4}-\d{2}-\d{2}\.)\n(.+)\Z",
+                      re.DOTALL)
+
+
+def _split_context(text: str) -> Any:
+    m = _CONTEXT.match(text)
+    if m is None:
+        return text
+    return [{"type": "text", "text": m.group(1)}, {"type": "text", "text": m.group(2)}]
+
+
 def to_messages_shape(body: dict) -> dict:
     out: dict[str, Any] = {"model": body.get("model", ""),
                            "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 4096}
@@ -102,7 +117,7 @@ def to_messages_shape(body: dict) -> dict:
             system.append({"type": "text", "text": _parts_text(content)})
         elif role == "user":
             if isinstance(content, str):
-                blocks: Any = content
+                blocks: Any = _split_context(content)
             else:
                 blocks = []
                 for p in content or []:
@@ -476,6 +491,3 @@ class FakeOpenAI(FakeAnthropic):
             pass  # the client went away mid-stream
         return resp
 
-
-def _copy(x: Any) -> Any:  # pragma: no cover - kept for symmetry with the Anthropic fake
-    return copy.deepcopy(x)
