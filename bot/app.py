@@ -463,7 +463,8 @@ class EthanApp:
     def _runtime(self) -> RuntimeStats:
         agent = self.agent
         return RuntimeStats(model_calls=agent.calls if agent else 0,
-                            model_failures=agent.failures if agent else 0, started_at=self.started_at)
+                            model_failures=agent.failures if agent else 0, started_at=self.started_at,
+                            usage=tuple(self.usage.rows()))
 
     def _make_reply(self, inbound: Inbound, *, resumed: bool = False) -> Reply:
         """The reply for a stored (Lark) message."""

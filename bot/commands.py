@@ -145,6 +145,8 @@ class RuntimeStats:
     model_calls: int
     model_failures: int
     started_at: float        # epoch seconds; 0 when not started
+    # tokens per (provider, model, answers, memory.llm.Usage) since start, chat and consolidation
+    usage: tuple = ()
 
 
 @dataclass
@@ -513,7 +515,7 @@ class Commands:
         depth = queue.depth if queue is not None else 0
         uptime = int(time.time() - run.started_at) if run.started_at else 0
         await self.audit.record(ctx.user, "stats", "", ctx.inbound.chat_id, "", allowed=True)
-        usage = _usage_lines(getattr(self.app, "usage", None), ctx.zh)
+        usage = _usage_lines(run.usage, ctx.zh)
         if ctx.zh:
             return (f"统计（启动 {uptime // 3600} 小时 {uptime % 3600 // 60} 分钟）：\n"
                     f"用户 {users}，对话 {conversations}，会话 {sessions}，消息 {messages}\n"
@@ -525,9 +527,8 @@ class Commands:
                 f"model calls {calls}, failures {failures} (since start)" + usage)
 
 
-def _usage_lines(book, zh: bool) -> str:
+def _usage_lines(rows, zh: bool) -> str:
     """Tokens per provider:model since start (chat and consolidation), one line each."""
-    rows = book.rows() if book is not None else []
     out = []
     for provider, model, n, u in rows:
         if zh:
