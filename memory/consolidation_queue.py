@@ -41,6 +41,7 @@ from memory.consolidator import Consolidator
 from memory.modes import COMPANION
 from memory.scope import Scope
 from memory.similarity import similarity
+from memory.speaker import label as speaker_label
 from memory.working import StaleWork, Turn, WorkingMemory, Work
 
 MIN_EPISODE_TURNS = 2
@@ -315,14 +316,31 @@ class ConsolidationQueue:
                 sid, before_message_id=last.id + 1, state=state, limit=EPISODE_RECENT_TURNS
             )
             summary = await self.consolidator.summarize_episode(background, recent)
+            lines, started, ended = await self._said(sid, last.id)
             for uid, n in due:
                 await self.episodes.write(
                     session_id=sid, user_id=uid, chat_id=meta.chat_id, chat_type=meta.chat_type,
                     summary=summary, turn_count=n, model=self.consolidator.model,
+                    turns=lines, started_at=started, ended_at=ended,
                 )
                 self._counts["episodes"] += 1
         await self.working.mark_episode(sid, last.id)
         self._emit("info", "episode_done", session_id=sid, episodes=len(due))
+
+    async def _said(self, sid: str, upto: int) -> tuple[list[str], float | None, float | None]:
+        """What the users said in the session (the episode indexes it beside the summary) and
+        the session's first and last message times.
+
+        Only user lines: an assistant answer restates memory injected from *other* sessions,
+        which would make this episode match their topics."""
+        rows = await self.db.fetchall(
+            "SELECT content, sender_name FROM messages WHERE session_id = ? AND role = 'user'"
+            " AND tool_call_id IS NULL AND id <= ? ORDER BY id", (sid, upto))
+        span = await self.db.fetchone(
+            "SELECT MIN(created_at) AS a, MAX(created_at) AS b FROM messages WHERE session_id = ?", (sid,))
+        lines = [speaker_label(r["content"], r["sender_name"]) if r["sender_name"] else r["content"]
+                 for r in rows if (r["content"] or "").strip()]
+        return lines, (span["a"] if span else None), (span["b"] if span else None)
 
     async def _participants(self, sid: str) -> list[tuple[str, int]]:
         rows = await self.db.fetchall(

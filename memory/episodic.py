@@ -86,14 +86,27 @@ MAX_KEYWORDS = 8
 MAX_SUMMARY_CHARS = 4000
 MAX_QUERY_TERMS = 32
 KEYWORD_WEIGHT = 2         # tf method: a query word that is an episode keyword counts this much more
-METHODS = ("bm25", "tf")
-DEFAULT_METHOD = "bm25"
+METHODS = ("rrf", "bm25", "turns", "tf")
+DEFAULT_METHOD = "rrf"
+MAX_IMPORT_SUMMARY_CHARS = 100_000   # an import accepts long text (cut to MAX_SUMMARY_CHARS, not refused)
+MAX_BODY_LINES = 400       # turns indexed per session (the newest kept beyond this)
+MAX_BODY_LINE_CHARS = 1000
+CHUNK_LINES = 6            # lines ("speaker: text") per chunk of a session's turns
+CHUNK_STRIDE = 5           # chunks overlap by one line, so an exchange is not cut in two
+RRF_K = 60                 # reciprocal-rank fusion constant (Cormack et al.)
+RANK_DEPTH = 50            # how deep each ranking (summary, turns) is read before fusion
 
 # Recall gate (tuned on tests/memory/episodes_labelled.py; see the module docstring).
 RECALL_THRESHOLD = 0.4     # weighted coverage needed when one word of the message matches
 RECALL_THRESHOLD_MULTI = 0.25  # ... when RECALL_MIN_TERMS or more distinct words match
 RECALL_MIN_TERMS = 2
 RECALL_CANDIDATES = 10
+RECALL_MAX = 3             # at most this many episodes injected ...
+RECALL_RELATIVE = 0.7      # ... each with coverage >= this share of the best one's
+RECALL_CUE_THRESHOLD = 0.15  # with a "last time" cue, a weaker match is enough
+DISTINCT_MIN_EPISODES = 4  # the distinctive-word rule applies from this many episodes on
+RECALL_RECENT = 2          # a bare "do you remember what we talked about" gets the newest ones
+EXCERPT_TOKENS = 160       # the matching part of the turns sent beside the summary
 PARTIAL_CREDIT = 0.5       # a message word met only through its sub-words (数据库 → 数据)
 MIN_TRIMMED_TOKENS = 40    # below this, a second episode is left out rather than cut
 
@@ -146,6 +159,13 @@ STOP_EN = frozenset(
     actually every another next first still already around without within
     """.split()
 )
+
+# One-character Chinese nouns that name a topic (狗, 车, 房 …): kept although single
+# characters are otherwise dropped (most are particles, verbs or measure words).
+KEEP_SINGLE_ZH = frozenset("狗猫车房书药钱茶酒鱼花琴球鞋猪马牛鸟病雪海山湖")
+# jieba glues a pronoun to the next character (我要, 我试, 你说): such two-character pieces
+# carry no topic.
+_PRONOUNS = frozenset("我你您他她它咱")
 
 # --- tokenisation -----------------------------------------------------------------------
 
@@ -201,7 +221,14 @@ def _words(text: str, *, search: bool = False) -> list[str]:
         if _CJK.search(piece):
             # jieba keeps CJK runs apart from Latin ones; drop any stray punctuation.
             word = "".join(ch for ch in piece if _CJK.match(ch))
-            if len(word) >= 2 and word not in STOP_ZH and not _NUM_CLASSIFIER.match(word):
+            if len(word) == 1 and word in KEEP_SINGLE_ZH:
+                out.append(word)
+                continue
+            if search and len(word) >= 2:
+                # 小狗 / 狗叫 also yield 狗, so a word glued to a topic noun still meets it
+                out.extend(ch for ch in word if ch in KEEP_SINGLE_ZH)
+            if (len(word) >= 2 and word not in STOP_ZH and not _NUM_CLASSIFIER.match(word)
+                  and not (len(word) == 2 and word[0] in _PRONOUNS)):
                 out.append(word)
             continue
         for word in _LATIN_WORD.findall(piece):
@@ -267,6 +294,38 @@ def _query_words(text: str) -> list[tuple[str, set[str]]]:
     return list(out.items())
 
 
+def index_terms(text: str) -> list[str]:
+    """The words indexed for ``text`` with their repeats (term frequency is kept for BM25)."""
+    return [_stem(w) for w in _words(text, search=True)]
+
+
+# A message asking about the past in general ("还记得我们之前聊过的内容吗", "what did we talk
+# about last time?"): recall falls back to the newest episodes when no content word decides.
+RECALL_CUES = re.compile(
+    r"(上次|上回|之前|以前|那次|还记得|记得吗|记不记得|聊过|说过|讨论过|提到过|提过|谈过|"
+    r"last time|previously|earlier|remember|we talked|we discussed|talked about|you said|we spoke)",
+    re.IGNORECASE,
+)
+
+
+def has_recall_cue(text: str) -> bool:
+    return bool(RECALL_CUES.search(text or ""))
+
+
+def chunk_lines(lines: Iterable[str]) -> list[str]:
+    """A session's turn lines cut into overlapping chunks of ``CHUNK_LINES`` lines."""
+    clean = [" ".join(str(l).split())[:MAX_BODY_LINE_CHARS] for l in lines]
+    clean = [l for l in clean if l][-MAX_BODY_LINES:]
+    if not clean:
+        return []
+    out = []
+    for start in range(0, len(clean), CHUNK_STRIDE):
+        out.append("\n".join(clean[start:start + CHUNK_LINES]))
+        if start + CHUNK_LINES >= len(clean):
+            break
+    return out
+
+
 def estimate_tokens(text: str) -> int:
     """A CJK character is about one token; other text about four characters a token."""
     cjk = len(_CJK.findall(text))
@@ -300,11 +359,14 @@ class Episode:
     model: str
     turn_count: int
     timestamp: float
+    started_at: float | None = None
+    ended_at: float | None = None
     score: float = 0.0
     matched: list[str] = field(default_factory=list)
+    excerpt: str = ""          # recall: the part of the session's turns that matched
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec's record (episodes.json), plus scope."""
+        """The spec's record (episodes.json), plus scope and the session's dates."""
         return {
             "session_id": self.session_id,
             "summary": self.summary,
@@ -315,10 +377,20 @@ class Episode:
             "chat_id": self.chat_id,
             "chat_type": self.chat_type,
             "visibility": self.visibility,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
         }
 
+    @property
+    def date(self) -> str:
+        """The session's day (UTC, YYYY-MM-DD), or its last day when it spans several."""
+        ts = self.ended_at or self.started_at or self.timestamp
+        return time.strftime("%Y-%m-%d", time.gmtime(ts)) if ts else ""
 
-_COLUMNS = "id, user_id, session_id, chat_id, chat_type, visibility, summary, keywords, model, turn_count, timestamp"
+
+_COLUMNS = ("id, user_id, session_id, chat_id, chat_type, visibility, summary, keywords, model, turn_count,"
+            " timestamp, started_at, ended_at")
+_E_COLUMNS = ", ".join("e." + c.strip() for c in _COLUMNS.split(","))
 
 
 def _row(row: Any, *, score: float = 0.0) -> Episode:
@@ -332,7 +404,7 @@ def _row(row: Any, *, score: float = 0.0) -> Episode:
         id=row["id"], user_id=row["user_id"], session_id=row["session_id"], chat_id=row["chat_id"],
         chat_type=row["chat_type"], visibility=row["visibility"], summary=row["summary"],
         keywords=[str(k) for k in keywords], model=row["model"], turn_count=row["turn_count"],
-        timestamp=row["timestamp"], score=score,
+        timestamp=row["timestamp"], started_at=row["started_at"], ended_at=row["ended_at"], score=score,
     )
 
 
@@ -361,41 +433,121 @@ def episode_visibility(scope: Scope, prefix: str = "") -> tuple[str, list[Any]]:
     return f"({prefix}visibility = 'shared' AND {prefix}chat_id = ?)", [scope.chat_id]
 
 
-def _bm25_query(where: list[str], params: list[Any], terms: list[str], limit: int) -> tuple[str, tuple[Any, ...]]:
-    return (
-        f"SELECT e.{_COLUMNS.replace(', ', ', e.')}, bm25(episodes_fts) AS rank"
-        " FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
-        f" WHERE episodes_fts MATCH ? AND {' AND '.join(where)}"
-        " ORDER BY rank, e.timestamp DESC LIMIT ?",
-        (_fts_query(terms), *params, limit),
-    )
-
-
-def _recall_reads(
-    conn: Any, query: tuple[str, tuple[Any, ...]], user_id: str, words: list[str]
-) -> tuple[list[Episode], dict[str, float], dict[int, set[str]]]:
-    """Run by Database.read: the bm25 candidates; when there are any, the word weights
-    w(t) = log(1 + N / (1 + df(t))) over the user's own N episodes, and each candidate's terms."""
-    candidates = [_row(r, score=-float(r["rank"])) for r in conn.execute(*query).fetchall()]
-    if not candidates:
-        return [], {}, {}
-    n = int(conn.execute("SELECT COUNT(*) AS n FROM episodes WHERE user_id = ?", (user_id,)).fetchone()["n"])
-    weights: dict[str, float] = {}
-    for w in words:
-        row = conn.execute(
-            "SELECT COUNT(*) AS df FROM episodes_fts JOIN episodes e ON e.id = episodes_fts.rowid"
-            " WHERE episodes_fts MATCH ? AND e.user_id = ?",
-            (_fts_query([w]), user_id),
-        ).fetchone()
-        weights[w] = math.log(1 + n / (1 + int(row["df"])))
-    ids = [ep.id for ep in candidates]
-    rows = conn.execute(f"SELECT id, terms FROM episodes WHERE id IN ({', '.join('?' * len(ids))})", ids).fetchall()
-    return candidates, weights, {r["id"]: set(r["terms"].split()) for r in rows}
+_N_KEY = "\x00n"   # the user's episode count, carried with the word weights
 
 
 def _fts_query(terms: Iterable[str]) -> str:
     # Our terms are word characters only; quoting keeps FTS5 operators (AND, NOT, NEAR) inert.
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+def _ranked(conn: Any, where: list[str], params: list[Any], terms: list[str], limit: int,
+            method: str) -> list[tuple[Episode, int | None]]:
+    """Run by Database.read: the best ``limit`` episodes for ``terms`` by ``method``, each with
+    its best-matching chunk id (None when the turns did not take part)."""
+    match = _fts_query(terms)
+    cond = " AND ".join(where)
+    summary_rank: dict[int, int] = {}
+    summary_score: dict[int, float] = {}
+    if method in ("rrf", "bm25"):
+        rows = conn.execute(
+            "SELECT e.id AS id, bm25(episodes_fts) AS rank FROM episodes_fts JOIN episodes e"
+            f" ON e.id = episodes_fts.rowid WHERE episodes_fts MATCH ? AND {cond}"
+            " ORDER BY rank, e.timestamp DESC LIMIT ?", (match, *params, RANK_DEPTH)).fetchall()
+        for i, r in enumerate(rows):
+            summary_rank[r["id"]] = i
+            summary_score[r["id"]] = -float(r["rank"])
+    turns_rank: dict[int, int] = {}
+    turns_score: dict[int, float] = {}
+    best_chunk: dict[int, int] = {}
+    if method in ("rrf", "turns"):
+        rows = conn.execute(
+            "SELECT c.id AS cid, c.episode_id AS id, bm25(episode_chunks_fts) AS rank"
+            " FROM episode_chunks_fts JOIN episode_chunks c ON c.id = episode_chunks_fts.rowid"
+            f" JOIN episodes e ON e.id = c.episode_id WHERE episode_chunks_fts MATCH ? AND {cond}"
+            " ORDER BY rank, e.timestamp DESC LIMIT ?", (match, *params, RANK_DEPTH * 4)).fetchall()
+        for r in rows:
+            if r["id"] not in best_chunk:
+                best_chunk[r["id"]] = r["cid"]
+                turns_rank[r["id"]] = len(turns_rank)
+                turns_score[r["id"]] = -float(r["rank"])
+    if method == "bm25":
+        fused = summary_score
+    elif method == "turns":
+        fused = turns_score
+    else:
+        # Reciprocal-rank fusion: the ranks, not the scores, are combined (BM25 scores of the
+        # short summary and of a chunk of turns are not on one scale).
+        fused = {}
+        for ranks in (summary_rank, turns_rank):
+            for eid, rank in ranks.items():
+                fused[eid] = fused.get(eid, 0.0) + 1.0 / (RRF_K + rank + 1)
+    top = sorted(fused, key=lambda eid: -fused[eid])[:limit]
+    if not top:
+        return []
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM episodes WHERE id IN ({', '.join('?' * len(top))})",
+                        top).fetchall()
+    by_id = {r["id"]: r for r in rows}
+    return [(_row(by_id[eid], score=fused[eid]), best_chunk.get(eid)) for eid in top if eid in by_id]
+
+
+def _recall_reads(conn: Any, where: list[str], params: list[Any], terms: list[str], user_id: str,
+                  words: list[str]) -> tuple[list[Episode], dict[str, float], dict[int, list[tuple[str, set[str]]]]]:
+    """Run by Database.read: the fused candidates; when there are any, the word weights
+    w(t) = log(1 + N / (1 + df(t))) over the user's own N episodes (df: episodes whose summary
+    or turns hold t), and each candidate's evidence: its summary's terms and each chunk's."""
+    ranked = _ranked(conn, where, params, terms, RECALL_CANDIDATES, "rrf")
+    candidates = [ep for ep, _ in ranked]
+    if not candidates:
+        return [], {}, {}
+    n = int(conn.execute("SELECT COUNT(*) AS n FROM episodes WHERE user_id = ?", (user_id,)).fetchone()["n"])
+    weights: dict[str, float] = {}
+    for w in words:
+        q = _fts_query([w])
+        row = conn.execute(
+            "SELECT COUNT(*) AS df FROM episodes e WHERE e.user_id = ? AND ("
+            " e.id IN (SELECT rowid FROM episodes_fts WHERE episodes_fts MATCH ?) OR"
+            " e.id IN (SELECT c.episode_id FROM episode_chunks c WHERE c.id IN"
+            "  (SELECT rowid FROM episode_chunks_fts WHERE episode_chunks_fts MATCH ?)))",
+            (user_id, q, q),
+        ).fetchone()
+        weights[w] = math.log(1 + n / (1 + int(row["df"])))
+    weights[_N_KEY] = float(n)
+    ids = [ep.id for ep in candidates]
+    marks = ", ".join("?" * len(ids))
+    evidence: dict[int, list[tuple[str, set[str]]]] = {i: [] for i in ids}
+    summary_terms = {r["id"]: set(r["terms"].split()) for r in conn.execute(
+        f"SELECT id, terms FROM episodes WHERE id IN ({marks})", ids).fetchall()}
+    chunks: dict[int, list[tuple[str, set[str]]]] = {i: [] for i in ids}
+    for r in conn.execute(f"SELECT episode_id, text, terms FROM episode_chunks WHERE episode_id IN ({marks})"
+                          " ORDER BY episode_id, seq", ids).fetchall():
+        chunks[r["episode_id"]].append((r["text"], set(r["terms"].split())))
+    for i in ids:
+        base = summary_terms.get(i, set())
+        evidence[i].append(("", base))
+        # a chunk is judged with the summary beside it: the summary says what the session was
+        # about, the chunk what was said there
+        evidence[i].extend((text, base | t) for text, t in chunks[i])
+    return candidates, weights, evidence
+
+
+def prepare_chunks(lines: Iterable[str]) -> list[tuple[str, str]]:
+    """(text, terms) of each chunk of a session's lines — jieba work, done before any write lock."""
+    return [(text, " ".join(index_terms(text))) for text in chunk_lines(lines)]
+
+
+async def write_chunks(tx: Any, episode_id: int, chunks: list[tuple[str, str]]) -> int:
+    """Replace an episode's indexed turns (inside the caller's transaction); returns chunks."""
+    await tx.execute("DELETE FROM episode_chunks WHERE episode_id = ?", (int(episode_id),))
+    for seq, (text, terms) in enumerate(chunks):
+        await tx.execute("INSERT INTO episode_chunks(episode_id, seq, text, terms) VALUES (?, ?, ?, ?)",
+                         (int(episode_id), seq, text, terms))
+    return len(chunks)
+
+
+def summary_terms(summary: str, keywords: Iterable[str]) -> str:
+    """``episodes.terms`` for a summary and its keywords (repeats kept)."""
+    return " ".join(index_terms(summary + "\n" + " ".join(keywords)))
 
 
 class EpisodeStore:
@@ -416,12 +568,16 @@ class EpisodeStore:
         model: str = "",
         keywords: list[str] | None = None,
         timestamp: float | None = None,
+        turns: Iterable[str] | None = None,
+        started_at: float | None = None,
+        ended_at: float | None = None,
     ) -> Episode | None:
         """Keep the episode of a finished session; ``None`` when there is nothing to keep.
 
-        Fewer than ``MIN_TURNS`` user turns or an empty summary write nothing. A second write
-        for the same (user, session) updates the episode (a resumed session that ended again);
-        it stays private if either write was private.
+        ``turns``: the session's lines ("speaker: text"), indexed in chunks beside the summary
+        (None keeps what an earlier write indexed). Fewer than ``MIN_TURNS`` user turns or an
+        empty summary write nothing. A second write for the same (user, session) updates the
+        episode (a resumed session that ended again); it stays private if either write was private.
         """
         if not user_id or not session_id:
             raise ValueError("an episode needs a user_id and a session_id")
@@ -434,35 +590,45 @@ class EpisodeStore:
             keywords = await self._off_loop(extract_keywords, summary)
         else:
             keywords = _clean_keywords(keywords)
-        terms = await self._off_loop(search_terms, summary + "\n" + " ".join(keywords))
+        terms = await self._off_loop(summary_terms, summary, keywords)
+        # segmenting a long session takes a while: done before taking the write lock
+        chunks = await self._off_loop(prepare_chunks, list(turns)) if turns is not None else None
         visibility = "private" if chat_type in PRIVATE_CHAT_TYPES else "shared"
         ts = self.clock() if timestamp is None else float(timestamp)
         async with self.db.transaction() as tx:
             await tx.execute(
                 "INSERT INTO episodes(user_id, session_id, chat_id, chat_type, visibility, summary, keywords,"
-                " terms, model, turn_count, timestamp) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " terms, model, turn_count, timestamp, started_at, ended_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT(user_id, session_id) DO UPDATE SET"
                 "  summary = excluded.summary, keywords = excluded.keywords, terms = excluded.terms,"
                 "  model = excluded.model, turn_count = excluded.turn_count, timestamp = excluded.timestamp,"
+                "  started_at = COALESCE(episodes.started_at, excluded.started_at),"
+                "  ended_at = COALESCE(excluded.ended_at, episodes.ended_at),"
                 "  visibility = CASE WHEN episodes.visibility = 'private' OR excluded.visibility = 'private'"
                 "               THEN 'private' ELSE 'shared' END",
                 (user_id, session_id, chat_id, chat_type, visibility, summary,
-                 json.dumps(keywords, ensure_ascii=False), " ".join(terms), model, int(turn_count), ts),
+                 json.dumps(keywords, ensure_ascii=False), terms, model, int(turn_count), ts,
+                 started_at, ended_at),
             )
             cur = await tx.execute(
                 f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? AND session_id = ?", (user_id, session_id)
             )
             row = await cur.fetchone()
             await cur.close()
+            if chunks is not None:
+                await write_chunks(tx, row["id"], chunks)
         return _row(row)
 
     # -- reading ------------------------------------------------------------------------
-    async def recent(self, user_id: str, n: int = 5, *, scope: Scope | None = None) -> list[Episode]:
+    async def recent(self, user_id: str, n: int = 5, *, scope: Scope | None = None,
+                     exclude_session: str | None = None) -> list[Episode]:
         """The user's newest episodes first; with ``scope``, only those it may see (its chat's)."""
-        sql, extra = episode_visibility(scope) if scope is not None else ("1=1", [])
+        where, params = _where(user_id, scope, exclude_session)
         rows = await self.db.fetchall(
-            f"SELECT {_COLUMNS} FROM episodes WHERE user_id = ? AND {sql} ORDER BY timestamp DESC, id DESC LIMIT ?",
-            (user_id, *extra, max(0, int(n))),
+            f"SELECT {_E_COLUMNS} FROM episodes e WHERE {' AND '.join(where)}"
+            " ORDER BY e.timestamp DESC, e.id DESC LIMIT ?",
+            (*params, max(0, int(n))),
         )
         return [_row(r) for r in rows]
 
@@ -480,6 +646,16 @@ class EpisodeStore:
         )
         return _row(row) if row else None
 
+    async def turns(self, episode_id: int) -> list[str]:
+        """The indexed turn lines of an episode, in order (chunk overlaps removed)."""
+        rows = await self.db.fetchall(
+            "SELECT text FROM episode_chunks WHERE episode_id = ? ORDER BY seq", (int(episode_id),))
+        lines: list[str] = []
+        for i, r in enumerate(rows):
+            part = r["text"].split("\n")
+            lines.extend(part if i == 0 else part[CHUNK_LINES - CHUNK_STRIDE:])
+        return lines
+
     async def count(self, user_id: str) -> int:
         row = await self.db.fetchone("SELECT COUNT(*) AS n FROM episodes WHERE user_id = ?", (user_id,))
         return int(row["n"])
@@ -488,9 +664,12 @@ class EpisodeStore:
         self, user_id: str, query: str, *, limit: int = 5, method: str = DEFAULT_METHOD,
         scope: Scope | None = None, exclude_session: str | None = None,
     ) -> list[Episode]:
-        """The user's episodes that best match ``query``, best first (``method``: bm25 | tf).
+        """The user's episodes that best match ``query``, best first.
 
-        With ``scope``, only the episodes that scope may see (private ones only in p2p).
+        ``method``: ``rrf`` (default: reciprocal-rank fusion of BM25 over the summaries and BM25
+        over the chunks of turns), ``bm25`` (summaries only), ``turns`` (chunks only), ``tf``
+        (the spec's term counting over summaries). With ``scope``, only the episodes that scope
+        may see.
         """
         if method not in METHODS:
             raise ValueError(f"unknown search method {method!r}; use one of {', '.join(METHODS)}")
@@ -500,22 +679,19 @@ class EpisodeStore:
         if limit == 0:
             return []
         where, params = _where(user_id, scope, exclude_session)
-        if method == "bm25":
-            terms = (await self._off_loop(search_terms, query))[:MAX_QUERY_TERMS]
-            if not terms:
-                return []
-            rows = await self.db.fetchall(*_bm25_query(where, params, terms, limit))
-            return [_row(r, score=-float(r["rank"])) for r in rows]
-        words = (await self._off_loop(search_terms, query))[:MAX_QUERY_TERMS]
-        if not words:
+        terms = (await self._off_loop(search_terms, query))[:MAX_QUERY_TERMS]
+        if not terms:
             return []
+        if method != "tf":
+            ranked = await self.db.read(_ranked, where, params, terms, limit, method)
+            return [ep for ep, _ in ranked]
         rows = await self.db.fetchall(
-            f"SELECT e.{_COLUMNS.replace(', ', ', e.')} FROM episodes e WHERE {' AND '.join(where)}", params
+            f"SELECT {_E_COLUMNS} FROM episodes e WHERE {' AND '.join(where)}", params
         )
         scored: list[tuple[float, float, int, Any]] = []
         for r in rows:
             ep = _row(r)
-            score = _tf_score(words, ep)
+            score = _tf_score(terms, ep)
             if score > 0:
                 scored.append((score, ep.timestamp, ep.id, ep))
         scored.sort(key=lambda s: (-s[0], -s[1], -s[2]))
@@ -526,12 +702,15 @@ class EpisodeStore:
         return out
 
     async def recall(
-        self, scope: Scope, text: str, *, k: int = 2, max_tokens: int = 600,
+        self, scope: Scope, text: str, *, k: int = RECALL_MAX, max_tokens: int = 600,
         exclude_session: str | None = None,
     ) -> list[Episode]:
         """Past episodes the current message is about (for ``<related_episodes>``), or ``[]``.
 
-        Only ``scope.user_id``'s episodes, and private (p2p) ones only in a p2p chat.
+        Only ``scope.user_id``'s episodes that this chat may see. Decided on evidence from the
+        index (see the module docstring): weighted coverage of the message's words by the
+        summary plus the best chunk of turns; a bare "last time" cue gets the newest episodes.
+        How many: those within ``RECALL_RELATIVE`` of the best, at most ``k``, within ``max_tokens``.
         """
         if k <= 0 or max_tokens <= 0:
             return []
@@ -542,61 +721,74 @@ class EpisodeStore:
         if await self.db.fetchone(f"SELECT 1 FROM episodes e WHERE {' AND '.join(where)} LIMIT 1",
                                   params) is None:
             return []
+        cue = has_recall_cue(text)
         words = await self._off_loop(_query_words, text)
         if not words:
-            return []
-        # search(..., method="bm25", scope=scope) plus the word weights and the candidates'
-        # terms, as one read in the SQLite thread (this runs for most messages).
+            return await self._recent_for(scope, exclude_session, max_tokens) if cue else []
         terms = (await self._off_loop(search_terms, text))[:MAX_QUERY_TERMS]
         if not terms:
-            return []
-        candidates, weights, terms_of = await self.db.read(
-            _recall_reads, _bm25_query(where, params, terms, RECALL_CANDIDATES), scope.user_id,
-            [w for w, _ in words],
-        )
+            return await self._recent_for(scope, exclude_session, max_tokens) if cue else []
+        candidates, weights, evidence = await self.db.read(
+            _recall_reads, where, params, terms, scope.user_id, [w for w, _ in words])
         if not candidates:
-            return []
+            return await self._recent_for(scope, exclude_session, max_tokens) if cue else []
+        n_eps = max(weights.pop(_N_KEY, 1.0), 1.0)
         total = sum(weights.values()) or 1.0
+        distinctive = math.log(1 + n_eps / (1 + max(1.0, n_eps / 3)))
         judged: list[tuple[float, Episode]] = []
         for ep in candidates:
-            ep_terms = terms_of.get(ep.id, set())
-            matched: list[str] = []
-            credit = 0.0
-            for word, variants in words:
-                if word in ep_terms:
-                    credit += weights[word]
-                elif variants & ep_terms:
-                    credit += PARTIAL_CREDIT * weights[word]
-                else:
-                    continue
-                matched.append(word)
-            coverage = credit / total
+            best = (0.0, [], "")
+            for chunk_text, ep_terms in evidence.get(ep.id, []):
+                matched: list[str] = []
+                credit = 0.0
+                for word, variants in words:
+                    if word in ep_terms:
+                        credit += weights[word]
+                    elif variants & ep_terms:
+                        credit += PARTIAL_CREDIT * weights[word]
+                    else:
+                        continue
+                    matched.append(word)
+                if credit > best[0]:
+                    best = (credit, matched, chunk_text)
+            coverage = best[0] / total
+            matched = best[1]
+            # at least one matched word must be distinctive — in at most a third of the user's
+            # episodes — or small talk shared by many sessions ("手机", "加班") would recall them
+            # (with fewer than DISTINCT_MIN_EPISODES episodes, every word is in "many" of them)
+            if n_eps >= DISTINCT_MIN_EPISODES and not any(weights[w] >= distinctive for w in matched):
+                continue
             needed = RECALL_THRESHOLD_MULTI if len(matched) >= RECALL_MIN_TERMS else RECALL_THRESHOLD
+            if cue:
+                needed = min(needed, RECALL_CUE_THRESHOLD)
             if matched and coverage >= needed:
                 ep.matched = matched
+                ep.excerpt = best[2]
                 judged.append((coverage, ep))
+        if not judged:
+            return []
         judged.sort(key=lambda j: (-j[0], -j[1].score, -j[1].timestamp))
-        out: list[Episode] = []
-        budget = max_tokens
-        for coverage, ep in judged[:k]:
-            cost = estimate_tokens(ep.summary)
-            if cost > budget:
-                if out and budget < MIN_TRIMMED_TOKENS:
-                    break
-                ep.summary = _trim_to_tokens(ep.summary, budget)
-                cost = estimate_tokens(ep.summary)
-            ep.score = coverage
-            out.append(ep)
-            budget -= cost
-            if budget <= 0:
-                break
-        return out
+        top = judged[0][0]
+        chosen = [ep for cov, ep in judged[:k] if cov >= RECALL_RELATIVE * top]
+        for ep in chosen:
+            ep.score = next(cov for cov, e in judged if e is ep)
+        return _fit(chosen, max_tokens)
+
+    async def _recent_for(self, scope: Scope, exclude_session: str | None, max_tokens: int) -> list[Episode]:
+        return _fit(await self.recent(scope.user_id, RECALL_RECENT, scope=scope,
+                                      exclude_session=exclude_session), max_tokens)
 
     # -- deleting -----------------------------------------------------------------------
     async def delete(self, user_id: str, episode_id: int) -> bool:
         async with self.db.transaction() as tx:
             cur = await tx.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, int(episode_id)))
             return cur.rowcount > 0
+
+    async def delete_session(self, session_id: str) -> int:
+        """Every user's episode of ``session_id`` (its chunks go with it); returns how many."""
+        async with self.db.transaction() as tx:
+            cur = await tx.execute("DELETE FROM episodes WHERE session_id = ?", (session_id,))
+            return cur.rowcount
 
     async def delete_all(self, user_id: str) -> int:
         async with self.db.transaction() as tx:
@@ -610,6 +802,27 @@ class EpisodeStore:
         if is_warm():
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
+
+
+def _fit(episodes: list[Episode], max_tokens: int) -> list[Episode]:
+    """Episodes (summary, then the matching excerpt) within ``max_tokens``, best first."""
+    out: list[Episode] = []
+    budget = max_tokens
+    for ep in episodes:
+        if ep.excerpt:
+            ep.excerpt = _trim_to_tokens(ep.excerpt, EXCERPT_TOKENS)
+        cost = estimate_tokens(ep.summary) + estimate_tokens(ep.excerpt)
+        if cost > budget:
+            if out and budget < MIN_TRIMMED_TOKENS:
+                break
+            ep.excerpt = ""
+            ep.summary = _trim_to_tokens(ep.summary, budget)
+            cost = estimate_tokens(ep.summary)
+        out.append(ep)
+        budget -= cost
+        if budget <= 0:
+            break
+    return out
 
 
 def _clean_keywords(keywords: Iterable[Any]) -> list[str]:

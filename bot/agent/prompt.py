@@ -133,7 +133,12 @@ def volatile_context(blocks: MemoryBlocks, *, today: str = "") -> str:
         lines = []
         for e in blocks.episodes:
             kw = ", ".join(escape(k) for k in e.keywords)
-            lines.append(f"- {escape(e.summary)}" + (f" (keywords: {kw})" if kw else ""))
+            date = getattr(e, "date", "")
+            line = (f"- [{date}] " if date else "- ") + escape(e.summary) + (f" (keywords: {kw})" if kw else "")
+            excerpt = getattr(e, "excerpt", "")
+            if excerpt:       # what was said in that session, where it matched the message
+                line += "\n  said: " + escape(excerpt).replace("\n", " / ")
+            lines.append(line)
         sections.append(fence("related_episodes", "\n".join(lines)))
     if today:
         sections.append(f"Today is {today}.")

@@ -7,7 +7,12 @@ A small table, checked in order; the first rule that matches decides.
 | fast   | short small talk: greetings, thanks, acks (≤ 12 chars) | top 5 | no      | no       |
 | full   | asks about the past ("上次", "remember when", …) or is   | top 15| yes     | recall   |
 |        | substantial (≥ 40 characters)                          |       |         |          |
-| medium | everything else                                        | top 15| yes     | no       |
+| medium | everything else                                        | top 15| yes     | recall   |
+
+Whether an episode is injected is not decided here by the message's length or wording:
+on both the medium and the full path ``EpisodeStore.recall`` asks the index (issue 19 —
+"When did Jon lose his job?" is 38 characters and has no cue, yet is about a past session).
+Only small talk skips the lookup.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ class Path:
 
 
 FAST = Path("fast", 5, False, False)
-MEDIUM = Path("medium", 15, True, False)
+MEDIUM = Path("medium", 15, True, True)
 FULL = Path("full", 15, True, True)
 
 SMALL_TALK = {

@@ -34,3 +34,30 @@ CREATE TRIGGER episodes_au AFTER UPDATE OF terms ON episodes BEGIN
     INSERT INTO episodes_fts(rowid, terms) VALUES (new.id, new.terms);
 END;
 """
+
+V4 = """
+-- Episodes index what was said (issue 19): the session's own turns beside the summary.
+-- started_at / ended_at: the session's first and last message (episodes carry their dates).
+ALTER TABLE episodes ADD COLUMN started_at REAL;
+ALTER TABLE episodes ADD COLUMN ended_at REAL;
+-- One row per chunk of the session's turns (a few consecutive lines, "speaker: text"), so a
+-- long session is found by the part that matches and BM25's length normalisation works per
+-- chunk. terms keep their repeats (term frequency), space-separated, one token per word.
+CREATE TABLE episode_chunks (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id  INTEGER NOT NULL REFERENCES episodes(id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    text        TEXT NOT NULL,
+    terms       TEXT NOT NULL DEFAULT '',
+    UNIQUE (episode_id, seq)
+);
+CREATE VIRTUAL TABLE episode_chunks_fts USING fts5(
+    terms, content='episode_chunks', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER episode_chunks_ai AFTER INSERT ON episode_chunks BEGIN
+    INSERT INTO episode_chunks_fts(rowid, terms) VALUES (new.id, new.terms);
+END;
+CREATE TRIGGER episode_chunks_ad AFTER DELETE ON episode_chunks BEGIN
+    INSERT INTO episode_chunks_fts(episode_chunks_fts, rowid, terms) VALUES ('delete', old.id, old.terms);
+END;
+"""
