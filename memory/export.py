@@ -18,7 +18,10 @@ Layout of an export directory (UTF-8, JSON pretty-printed with two spaces):
     with ``- `` bullets (sections without entries are left out; empty profile: empty file).
 ``episodes.json``
     a JSON array, oldest first: the spec's record ``session_id``, ``summary``, ``timestamp``,
-    ``model``, ``turn_count``, ``keywords``, plus ``chat_id``, ``chat_type``, ``visibility``.
+    ``model``, ``turn_count``, ``keywords``, plus ``chat_id``, ``chat_type``, ``visibility``,
+    ``started_at`` / ``ended_at`` (the session's dates) and ``turns`` (the lines the users said,
+    which the episode index searches beside the summary; an import re-indexes them). A summary
+    longer than the store keeps is cut, not refused; a bad record is named by its number.
 ``manifest.json``
     what the export is (``format``, ``version``, ``user_id``, ``counts``) and what Markdown
     cannot carry: each profile entry's ``visibility`` and provenance (``profile_entries``).
@@ -58,7 +61,9 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, field_validator
 
 from memory.db import Database, fetch_one
-from memory.episodic import MAX_KEYWORDS, MAX_SUMMARY_CHARS, search_terms
+from memory.episodic import (MAX_BODY_LINES, MAX_IMPORT_SUMMARY_CHARS, MAX_KEYWORDS, MAX_SUMMARY_CHARS,
+                             CHUNK_LINES, CHUNK_STRIDE,
+                             prepare_chunks, summary_terms, write_chunks)
 from memory.facts import CATEGORIES, SOURCES as FACT_SOURCES, FactError, clean_content
 from memory.procedures import DEFAULT_MAX_RULES, clean_context, clean_rule
 from memory.profile import (
@@ -156,6 +161,9 @@ class EpisodeRecord(_Record):
     chat_id: Id = ""
     chat_type: Id = ""
     visibility: Visibility | None = None
+    started_at: Timestamp | None = None
+    ended_at: Timestamp | None = None
+    turns: list[StrictStr] = Field(default_factory=list, max_length=MAX_BODY_LINES * 10)
 
     @field_validator("summary")
     @classmethod
@@ -163,8 +171,10 @@ class EpisodeRecord(_Record):
         v = v.strip()
         if not v:
             raise ValueError("the summary is empty")
-        if len(v) > MAX_SUMMARY_CHARS:
-            raise ValueError(f"the summary is too long ({len(v)} characters, at most {MAX_SUMMARY_CHARS})")
+        if len(v) > MAX_IMPORT_SUMMARY_CHARS:
+            raise ValueError(f"the summary is too long ({len(v)} characters, at most {MAX_IMPORT_SUMMARY_CHARS})")
+        if len(v) > MAX_SUMMARY_CHARS:      # long text is kept as the store keeps it: cut
+            v = v[: MAX_SUMMARY_CHARS - 1].rstrip() + "…"
         return v
 
     @field_validator("keywords")
@@ -251,6 +261,7 @@ class Bundle:
     profile_meta: list[ProfileMeta] = field(default_factory=list)
     episodes: list[EpisodeRecord] = field(default_factory=list)
     episode_terms: list[str] = field(default_factory=list)
+    episode_chunks: list[list[tuple[str, str]]] = field(default_factory=list)
     manifest: Manifest | None = None
     present: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
@@ -289,8 +300,11 @@ async def collect(db: Database, user_id: str) -> dict[str, str]:
             "SELECT section, entry, visibility, source, chat_id, message_id, created_at, updated_at"
             " FROM profile_entries WHERE user_id = ? ORDER BY position, id", (user_id,))
         episode_rows = await rows(
-            "SELECT session_id, summary, timestamp, model, turn_count, keywords, chat_id, chat_type, visibility"
-            " FROM episodes WHERE user_id = ? ORDER BY timestamp, id", (user_id,))
+            "SELECT id, session_id, summary, timestamp, model, turn_count, keywords, chat_id, chat_type, visibility,"
+            " started_at, ended_at FROM episodes WHERE user_id = ? ORDER BY timestamp, id", (user_id,))
+        chunk_rows = await rows(
+            "SELECT c.episode_id, c.text FROM episode_chunks c JOIN episodes e ON e.id = c.episode_id"
+            " WHERE e.user_id = ? ORDER BY c.episode_id, c.seq", (user_id,))
 
     refs = {r["id"]: n for n, r in enumerate(fact_rows, 1)}
     facts = [
@@ -329,6 +343,11 @@ async def collect(db: Database, user_id: str) -> dict[str, str]:
             "chat_id": r["chat_id"], "message_id": r["message_id"], "created_at": r["created_at"],
             "updated_at": r["updated_at"],
         })
+    turns_of: dict[int, list[str]] = {}
+    for r in chunk_rows:      # chunks overlap by one line (episodic.CHUNK_LINES - CHUNK_STRIDE)
+        part = r["text"].split("\n")
+        have = turns_of.setdefault(r["episode_id"], [])
+        have.extend(part if not have else part[CHUNK_LINES - CHUNK_STRIDE:])
     episodes = []
     for r in episode_rows:
         try:
@@ -340,6 +359,8 @@ async def collect(db: Database, user_id: str) -> dict[str, str]:
             "model": r["model"], "turn_count": r["turn_count"],
             "keywords": [str(k) for k in keywords] if isinstance(keywords, list) else [],
             "chat_id": r["chat_id"], "chat_type": r["chat_type"], "visibility": r["visibility"],
+            "started_at": r["started_at"], "ended_at": r["ended_at"],
+            "turns": turns_of.get(r["id"], []),
         })
     manifest = {
         "format": FORMAT,
@@ -524,7 +545,8 @@ def read_bundle(directory: str | Path) -> Bundle:
                 raise ImportRefused(f"{EPISODES}: episode {n}: session_id {e.session_id!r} "
                                     f"is also episode {sessions[e.session_id]}")
             sessions[e.session_id] = n
-        b.episode_terms = [" ".join(search_terms(e.summary + "\n" + " ".join(e.keywords))) for e in b.episodes]
+        b.episode_terms = [summary_terms(e.summary, e.keywords) for e in b.episodes]
+        b.episode_chunks = [prepare_chunks(e.turns) for e in b.episodes]
     return b
 
 
@@ -676,17 +698,22 @@ async def import_user(db: Database, user_id: str, directory: str | Path, *,
 
         # -- episodes ------------------------------------------------------------------
         added = unchanged = 0
-        for e, terms in zip(bundle.episodes, bundle.episode_terms):
+        for e, terms, chunks in zip(bundle.episodes, bundle.episode_terms,
+                                    bundle.episode_chunks or [[] for _ in bundle.episodes]):
             # unknown origin (no visibility, no chat type): private, the safe side
             visibility = e.visibility or ("shared" if e.chat_type and e.chat_type not in PRIVATE_CHAT_TYPES
                                           else "private")
             cur = await tx.execute(
                 "INSERT INTO episodes(user_id, session_id, chat_id, chat_type, visibility, summary, keywords, terms,"
-                " model, turn_count, timestamp) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT(user_id, session_id) DO NOTHING",
+                " model, turn_count, timestamp, started_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(user_id, session_id) DO NOTHING RETURNING id",
                 (user_id, e.session_id, e.chat_id, e.chat_type, visibility, e.summary,
-                 json.dumps(e.keywords, ensure_ascii=False), terms, e.model, e.turn_count, e.timestamp))
-            if cur.rowcount > 0:
+                 json.dumps(e.keywords, ensure_ascii=False), terms, e.model, e.turn_count, e.timestamp,
+                 e.started_at, e.ended_at))
+            new = await cur.fetchone()
+            if new is not None:
+                if chunks:
+                    await write_chunks(tx, new["id"], chunks)
                 added += 1
             else:
                 unchanged += 1

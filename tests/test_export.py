@@ -62,7 +62,9 @@ async def fill(db: Database) -> None:
     await profile.update(B_P2P, "基础特征", "Bob, 41")
     episodes = EpisodeStore(db, clock=clock)
     await episodes.write(session_id="s_20260612_0151_b18c", user_id=ALICE, chat_id="oc_alice_dm", chat_type="p2p",
-                         summary="林一聊了乌龙茶和搬家到上海的计划", turn_count=4, model="claude-haiku-4-5")
+                         summary="林一聊了乌龙茶和搬家到上海的计划", turn_count=4, model="claude-haiku-4-5",
+                         turns=["我最近喜欢喝乌龙茶", "下个月要搬到上海", "新家在静安寺附近", "房东养了一只柯基"],
+                         started_at=1_781_000_000.0, ended_at=1_781_003_600.0)
     await episodes.write(session_id="s_20260613_0900_aa01", user_id=ALICE, chat_id="oc_team", chat_type="group",
                          summary="团队讨论了发布计划", turn_count=2, keywords=["发布", "计划", "release"])
     await episodes.write(session_id="s_20260613_0901_bb02", user_id=BOB, chat_id="oc_bob_dm", chat_type="p2p",
@@ -339,3 +341,18 @@ async def test_export_overwrites_an_earlier_export_in_place(filled, tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     shutil.rmtree(out)
+
+
+async def test_episodes_carry_their_turns_and_dates_and_long_text_is_accepted(filled, fresh, tmp_path):
+    out = tmp_path / "turns"
+    await export_user(filled, ALICE, out)
+    episodes = json.loads((out / "episodes.json").read_text())
+    first = next(e for e in episodes if e["session_id"] == "s_20260612_0151_b18c")
+    assert first["turns"][-1] == "房东养了一只柯基" and len(first["turns"]) == 4
+    assert first["started_at"] == 1_781_000_000.0 and first["ended_at"] == 1_781_003_600.0
+    first["summary"] = "很长的总结。" * 2000        # 12 000 characters: cut to what the store keeps, not refused
+    (out / "episodes.json").write_text(json.dumps(episodes, ensure_ascii=False))
+    await import_user(fresh, ALICE, out)
+    found = await EpisodeStore(fresh).search(ALICE, "柯基")      # said in the turns only
+    assert [e.session_id for e in found] == ["s_20260612_0151_b18c"]
+    assert found[0].started_at == 1_781_000_000.0 and len(found[0].summary) <= 4000

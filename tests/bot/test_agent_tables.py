@@ -47,6 +47,14 @@ def test_router(text, path):
     assert route(text) == path
 
 
+@pytest.mark.parametrize("text", ["When did Jon lose his job as a banker?", "我女儿比赛在哪个城市？", "what is a monad?"])
+def test_the_index_decides_recall_not_the_length_of_the_message(text):
+    # issue 19: a short question without a cue is still about a past session when the index
+    # says so — the router sends every message but small talk to EpisodeStore.recall
+    assert route(text).episodes
+    assert not route("谢谢").episodes
+
+
 @dataclass
 class F:
     id: int
