@@ -4,6 +4,7 @@
     ethan chat [--user U] [-r ID]         terminal chat (same pipeline as Lark)
     ethan -r last | ethan -r <id>         resume a session in the terminal chat
     ethan session list|show|delete|search the stored sessions (layer 1)
+    ethan episodes list|search    one user's episodes (layer 4), as recall ranks them
     ethan memory export|import            one user's memory as the spec's files
     ethan backup PATH                     a consistent copy of the database
 
@@ -103,6 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     sq.add_argument("--user", metavar="OPEN_ID", help="only this user's sessions")
     sq.add_argument("--limit", type=_positive, default=20, help="how many (default 20)")
 
+    episodes = sub.add_parser("episodes", help="list or search one user's episodes (layer 4)",
+                              description="A user's episodes: one per finished session, indexed by its "
+                                          "summary and what was said (ranking: RRF of BM25 over both).")
+    es = episodes.add_subparsers(dest="action", metavar="ACTION")
+    es.required = True
+    el = es.add_parser("list", help="the user's newest episodes")
+    el.add_argument("--user", required=True, metavar="OPEN_ID", help="whose episodes")
+    el.add_argument("--limit", type=_positive, default=20, help="how many (default 20)")
+    eq = es.add_parser("search", help="the user's episodes that best match the query")
+    eq.add_argument("query", nargs="+", help="words to find")
+    eq.add_argument("--user", required=True, metavar="OPEN_ID", help="whose episodes")
+    eq.add_argument("--limit", type=_positive, default=5, help="how many (default 5)")
+
     memory = sub.add_parser("memory", help="export or import one user's memory (the spec's files)",
                             description="One user's memory as facts.json, procedures.json, user_profile.md, "
                                         "episodes.json (+ manifest.json with the profile's provenance).")
@@ -165,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(lambda: _chat(settings, user, resume), settings, quiet=True)
     if command == "session":
         return _run(lambda: SESSION_ACTIONS[args.action](settings, args), settings)
+    if command == "episodes":
+        return _run(lambda: EPISODE_ACTIONS[args.action](settings, args), settings)
     if command == "memory":
         return _run(lambda: MEMORY_ACTIONS[args.action](settings, args), settings)
     if command == "backup":
@@ -388,13 +404,21 @@ async def _session_delete(settings: Settings, args: argparse.Namespace) -> int:
             if answer not in ("y", "yes"):
                 print("not deleted")
                 return EXIT_FAIL
-        deleted = await store.delete(s.id)
+        from memory.erase import delete_session
+
+        counts = await delete_session(db, s.id)
     finally:
         await db.close()
-    if not deleted:
+    if counts is None:
         raise CliError(f"ethan: session {s.id} was already gone", EXIT_FAIL)
-    print(f"deleted session {s.id} ({s.message_count} messages)")
+    print(f"deleted session {s.id} ({deleted_counts(counts)})")
     return EXIT_OK
+
+
+def deleted_counts(c: dict[str, int]) -> str:
+    """What a session's deletion removed, for whoever deleted it."""
+    return (f"{c['messages']} messages, {c['episodes']} episodes, {c['summaries']} summaries, "
+            f"{c['facts']} facts learned only there")
 
 
 def _ask(question: str) -> str:
@@ -430,6 +454,50 @@ async def _session_search(settings: Settings, args: argparse.Namespace) -> int:
         print(f"    {h.snippet}" + (f"  ({h.matches} messages)" if h.matches > 1 else ""))
     return EXIT_OK
 
+
+async def _episodes_list(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.episodic import EpisodeStore
+
+    user = _user(args.user)
+    db = await _open(settings)
+    try:
+        eps = await EpisodeStore(db).list(user, limit=args.limit)
+    finally:
+        await db.close()
+    if not eps:
+        print(f"no episodes for {user}")
+    for e in eps:
+        _print_episode(e)
+    return EXIT_OK
+
+
+async def _episodes_search(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.episodic import EpisodeStore
+
+    user = _user(args.user)
+    query = " ".join(args.query).strip()
+    if not query:
+        raise CliError("ethan: empty query: type a word or phrase to search for")
+    db = await _open(settings)
+    try:
+        eps = await EpisodeStore(db).search(user, query, limit=args.limit)
+    finally:
+        await db.close()
+    if not eps:
+        print(f"no episode of {user} matches {query!r}")
+    for e in eps:
+        _print_episode(e, score=True)
+    return EXIT_OK
+
+
+def _print_episode(e, *, score: bool = False) -> None:
+    where = "p2p" if e.visibility == "private" else f"group {e.chat_id}"
+    extra = f"  score {e.score:.3f}" if score else ""
+    print(f"#{e.id}  {e.date}  {e.session_id}  ({where}, {e.turn_count} turns){extra}")
+    print(f"    {short(e.summary, SHOW_CHARS)}")
+
+
+EPISODE_ACTIONS = {"list": _episodes_list, "search": _episodes_search}
 
 SESSION_ACTIONS = {"list": _session_list, "show": _session_show, "delete": _session_delete,
                    "search": _session_search}

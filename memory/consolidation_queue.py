@@ -395,6 +395,7 @@ class ConsolidationQueue:
                     await self.facts.add(
                         scope, payload["content"], payload["category"], source="consolidator",
                         importance=payload.get("importance"), user_text=payload.get("user_text", ""),
+                        session_id=sid,
                     )
                     self._counts["facts_written"] += 1
                 except ValueError as e:     # FactStore refuses secrets and bad input: skip it

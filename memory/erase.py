@@ -113,6 +113,13 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
             tx, f"SELECT DISTINCT conv_key FROM sessions WHERE id IN ({marks})", tuple(session_ids)
         ) if session_ids else []
 
+        # Episodes of the sessions they spoke in, whoever holds them: a group member's
+        # episode quotes everyone's words (DESIGN.md §4: derived from the session).
+        if session_ids:
+            c["shared_episodes"] = await _run(
+                tx, f"DELETE FROM episodes WHERE session_id IN ({marks}) AND user_id <> ?",
+                (*session_ids, uid))
+
         # Replies to their messages in the outbox (attributable by the triggering message).
         c["outbox"] = await _run(
             tx, "DELETE FROM outbox WHERE reply_to IN ("
@@ -236,3 +243,36 @@ async def forget_memory(db: Database, user_id: str) -> EraseResult:
         if c["episodes"]:
             await _run(tx, "INSERT INTO episodes_fts(episodes_fts) VALUES ('optimize')")
     return EraseResult(uid, c)
+
+
+async def delete_session(db: Database, session_id: str) -> dict[str, int] | None:
+    """Delete a session and what was derived from it alone, in one transaction (DESIGN.md §4):
+    its messages, its summaries (warm, rolling — they cascade), every participant's episode of
+    it, and the facts learned only from it (``fact_sources``; a fact also learned elsewhere, or
+    written by the user, stays). Returns the counts, or None when there is no such session."""
+    c: dict[str, int] = {}
+    async with db.transaction() as tx:
+        found = await _column(tx, "SELECT message_count FROM sessions WHERE id = ?", (session_id,))
+        if not found:
+            return None
+        c["messages"] = int(found[0] or 0)
+        c["summaries"] = (await _column(
+            tx, "SELECT COUNT(*) FROM warm_summaries WHERE session_id = ?", (session_id,)))[0] + (await _column(
+            tx, "SELECT COUNT(*) FROM consolidation_state WHERE session_id = ? AND rolling_summary <> ''",
+            (session_id,)))[0]
+        c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE session_id = ?", (session_id,))
+        only_here = await _column(
+            tx, "SELECT id FROM facts WHERE source <> 'user_edit' AND id IN"
+                " (SELECT fact_id FROM fact_sources WHERE session_id = ?) AND NOT EXISTS"
+                " (SELECT 1 FROM fact_sources o WHERE o.fact_id = facts.id AND o.session_id <> ?)",
+            (session_id, session_id))
+        c["facts"] = 0
+        if only_here:
+            fm = ",".join("?" * len(only_here))
+            # what a deleted fact had superseded is current again (the correction is gone)
+            await _run(tx, f"UPDATE facts SET superseded_at = NULL, superseded_by = NULL"
+                           f" WHERE superseded_by IN ({fm})", tuple(only_here))
+            c["facts"] = await _run(tx, f"DELETE FROM facts WHERE id IN ({fm})", tuple(only_here))
+        await _run(tx, "DELETE FROM fact_sources WHERE session_id = ?", (session_id,))
+        c["sessions"] = await _run(tx, "DELETE FROM sessions WHERE id = ?", (session_id,))
+    return c

@@ -401,8 +401,12 @@ class FactStore:
         confidence: float | None = None,
         user_text: str = "",
         importance: float | None = None,
+        session_id: str = "",
     ) -> FactWrite:
-        """Learn a fact for ``scope.user_id``: add, reinforce, and/or supersede (module docs)."""
+        """Learn a fact for ``scope.user_id``: add, reinforce, and/or supersede (module docs).
+
+        ``session_id``: the session it was learned from (recorded in ``fact_sources``, so
+        deleting that session removes the facts learned only from it)."""
         if not scope.user_id:
             raise FactError("no user to store the fact for")
         text = clean_content(content)
@@ -419,10 +423,11 @@ class FactStore:
 
         # The whole read-compare-write runs as one Database.write in the SQLite thread (one
         # round trip instead of up to ten; the remember tool calls this on the reply path).
-        return await self.db.write(self._add_sync, scope, text, category, source, conf, visibility, new, now)
+        return await self.db.write(self._add_sync, scope, text, category, source, conf, visibility, new, now,
+                                   session_id)
 
     def _add_sync(self, conn: Any, scope: Scope, text: str, category: str, source: str, conf: float,
-                  visibility: str, new: Any, now: float) -> FactWrite:
+                  visibility: str, new: Any, now: float, session_id: str = "") -> FactWrite:
         user = scope.user_id
         rows = conn.execute(
             "SELECT id, content, confidence FROM facts WHERE user_id = ? AND superseded_at IS NULL", (user,)
@@ -465,6 +470,9 @@ class FactStore:
             ).lastrowid)
             action = "superseded" if contradicted else "added"
 
+        if session_id:
+            conn.execute("INSERT OR IGNORE INTO fact_sources(fact_id, session_id) VALUES (?, ?)",
+                         (fact_id, session_id))
         contradicted = [i for i in contradicted if i != fact_id]
         if contradicted:
             marks = ",".join("?" * len(contradicted))

@@ -226,6 +226,18 @@ async def _seed(path: Path) -> dict[str, str]:
         await store.close_active(local.conv_key)
         d = (await store.append_user(local, "本地会话二")).session
         await store.close_active(local.conv_key)
+        # what was derived from Alice's session: her episode, a fact learned only there, and
+        # a fact also learned in another session (which stays when the session is deleted)
+        from memory.episodic import EpisodeStore
+        from memory.facts import FactStore
+
+        await EpisodeStore(db).write(session_id=a.id, user_id="ou_alice", chat_id="oc_alice_dm", chat_type="p2p",
+                                     summary="Alice 想学做乌龙茶。", turn_count=2,
+                                     turns=["我想学做乌龙茶", "温杯用的是紫砂壶"])
+        facts = FactStore(db)
+        await facts.add(alice, "用户想学做乌龙茶", "preference", source="consolidator", session_id=a.id)
+        await facts.add(alice, "用户住在杭州", "knowledge", source="consolidator", session_id=a.id)
+        await facts.add(alice, "用户住在杭州", "knowledge", source="consolidator", session_id=c.id)
         return {"alice": a.id, "team": b.id, "local1": c.id, "local2": d.id}
     finally:
         await db.close()
@@ -322,7 +334,11 @@ def test_session_delete_asks_first(seeded, capsys, monkeypatch):
     capsys.readouterr()
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     assert main(["session", "delete", "ab12"]) == 0
-    assert f"deleted session {seeded['alice']} (3 messages)" in capsys.readouterr().out
+    assert (f"deleted session {seeded['alice']} (3 messages, 1 episodes, 0 summaries, 1 facts learned only there)"
+            in capsys.readouterr().out)
+    home = Path(os.environ["ETHAN_HOME"]) / "ethan.db"
+    assert db_rows(home, "SELECT COUNT(*) AS n FROM episodes")[0]["n"] == 0
+    assert [r["content"] for r in db_rows(home, "SELECT content FROM facts")] == ["用户住在杭州"]
     assert main(["session", "delete", "cd12", "--yes"]) == 0
     capsys.readouterr()
     rows = db_rows(Path(os.environ["ETHAN_HOME"]) / "ethan.db", "SELECT id FROM sessions")
@@ -535,3 +551,13 @@ def test_backup_while_another_connection_writes(home, tmp_path, capsys):
     assert main(["backup", str(tmp_path / "new" / "dir") + "/"]) == 0       # trailing slash: a directory
     made = capsys.readouterr().out.split()[0]
     assert Path(made).parent == tmp_path / "new" / "dir" and Path(made).is_file()
+
+
+def test_episodes_list_and_search(seeded, capsys):
+    assert main(["episodes", "list", "--user", "ou_alice"]) == 0
+    out = capsys.readouterr().out
+    assert seeded["alice"] in out and "Alice 想学做乌龙茶" in out
+    assert main(["episodes", "search", "--user", "ou_alice", "紫砂壶"]) == 0      # said in the turns only
+    assert seeded["alice"] in capsys.readouterr().out
+    assert main(["episodes", "search", "--user", "ou_bob", "紫砂壶"]) == 0        # another user's: nothing
+    assert "no episode of ou_bob matches" in capsys.readouterr().out

@@ -339,9 +339,13 @@ class ConsoleData:
         return {"session": session_dict(info), "messages": [_asdict(m) for m in messages], "context": context}
 
     async def delete_session(self, session_id: str) -> dict:
-        if not re.match(r"^[A-Za-z0-9_]{1,64}$", session_id or "") or not await self.m.sessions.delete(session_id):
+        from memory.erase import delete_session
+
+        counts = await delete_session(self.m.db, session_id) if re.match(r"^[A-Za-z0-9_]{1,64}$",
+                                                                          session_id or "") else None
+        if counts is None:
             raise ApiError(404, "no such session")
-        return {"deleted": session_id}
+        return {"deleted": session_id, "removed": counts}
 
 
 def _version(document: str) -> str:

@@ -13,5 +13,5 @@ MIGRATIONS: list[str] = [
     V1,
     sessions.V2,   # index for resolving short session ids by their tail
     core.V3,       # outbox.card_id: the card a crashed reply was streaming into
-    episodic.V4,   # episodes index their turns (episode_chunks + FTS), session dates
+    episodic.V4 + facts.V4,  # episodes index their turns (episode_chunks + FTS), dates; fact_sources
 ]

@@ -31,3 +31,14 @@ CREATE INDEX facts_active_shared ON facts(user_id, confidence DESC, last_accesse
 -- Listing with history, delete_all.
 CREATE INDEX facts_user ON facts(user_id, created_at);
 """
+
+V4 = """
+-- Which sessions a fact was learned (or re-learned) from, so deleting a session removes the
+-- facts learned only from it (DESIGN.md §4). Facts from before v4 have no rows: kept.
+CREATE TABLE fact_sources (
+    fact_id     INTEGER NOT NULL REFERENCES facts(id) ON DELETE CASCADE,
+    session_id  TEXT NOT NULL,
+    PRIMARY KEY (fact_id, session_id)
+);
+CREATE INDEX fact_sources_session ON fact_sources(session_id);
+"""
