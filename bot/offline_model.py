@@ -194,20 +194,26 @@ def summarise(text: str) -> str:
             if not s:
                 continue
             parts.append(f"{who}: {s}" if len(speakers) > 1 else s)
-        # an earlier summary given as context goes first, shortened
-        context = [o for o in other if o]
+        # an earlier summary given as context goes first, shortened, and only with what the
+        # new lines do not already say (summaries of summaries must not repeat each other)
+        context = [p for p in _sentences(" ".join(o for o in other if o)) if p not in parts]
         if context:
-            parts.insert(0, _clip(" ".join(context), 160).rstrip("。.；;"))
+            parts.insert(0, _clip("；".join(dict.fromkeys(context)), 160).rstrip("。.；;"))
     else:
         for line in other:
-            s = first_sentence(line, 160).rstrip("。.；;")
-            if s:
-                parts.append(s)
+            for s in _sentences(line):
+                parts.append(_clip(s, 160))
     seen: set[str] = set()
     unique = [p for p in parts if not (p in seen or seen.add(p))]
     sep = "；" if is_chinese(" ".join(unique)) else "; "
     summary = sep.join(unique) or "(nothing to summarise)"
     return _clip(summary, MAX_SUMMARY_CHARS)
+
+
+def _sentences(text: str) -> list[str]:
+    """The pieces of an (extractive) summary: what ；/; /。 separate."""
+    return [p.strip().rstrip("。.；;") for p in re.split(r"[；;。\n]|(?<=\.)\s", text or "")
+            if p.strip().rstrip("。.；;")]
 
 
 def _third_person_zh(text: str) -> str:
@@ -291,7 +297,7 @@ def extract(text: str, *, companion: bool) -> dict[str, Any]:
     psych: list[dict[str, str]] = []
     seen: set[str] = set()
     for line in lines:
-        if not line or _QUESTION.search(line):
+        if not line or _QUESTION.search(line) or is_question(line):
             continue
         for pattern, category in _EXTRACT_PATTERNS:
             for m in pattern.finditer(line):
@@ -366,9 +372,21 @@ def _tool_names(body: dict) -> set[str]:
     return {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
 
 
+_ASKING = re.compile(
+    r"[?？]\s*$|什么|哪|谁|几|多少|怎么|是否|是不是|有没有|[吗呢么嘛]\s*[。!！]?\s*$"
+    r"|(?i:^\s*(?:what|who|whom|where|when|why|how|which|do|does|did|is|are|am|can|could|would|will|have|has)\b)")
+
+
+def is_question(text: str) -> bool:
+    """A question never writes memory: "我叫什么名字？" is not a name, "你记住了吗？" no fact."""
+    return bool(_ASKING.search((text or "").strip()))
+
+
 def plan_tool(text: str, tools: set[str]) -> tuple[str, dict] | None:
-    """The memory tool a chat message calls for, if any."""
+    """The memory tool a chat message calls for, if any (none for a question)."""
     t = text.strip()
+    if is_question(t):
+        return None
     zh = is_chinese(t)
     body, remember = t, False
     if m := (_REMEMBER_ZH.search(t) if zh else None) or _REMEMBER_EN.search(t):

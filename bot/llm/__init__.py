@@ -135,6 +135,13 @@ def build_models(settings: Any, *, offline_base_url: str | None = None, offline_
         return OpenAIChatModel(clients[provider], name, provider=provider, modes=modes)
 
     main_provider, main_name = settings.model_ref(settings.ethan_model, "ETHAN_MODEL")
+    offline = offline_base_url is not None and settings.offline_model
+    if offline:
+        # the offline model answers under its own name, so sessions, summaries and episodes
+        # record who wrote them (not the claude-haiku-4-5 a Claude model would route to)
+        from bot.offline_model import MODEL_NAME as OFFLINE_NAME
+
+        main_name = OFFLINE_NAME
     main = model_for(main_provider, main_name)
     chain = [main]
     if not settings.offline_model:
@@ -146,6 +153,8 @@ def build_models(settings: Any, *, offline_base_url: str | None = None, offline_
         # The seed's routing table, on the main model's provider (the retired-model successor
         # is what is routed: it is what answers).
         c_provider, c_name = main_provider, route_consolidation_model(main.name)
+    if offline:
+        c_provider, c_name = main_provider, main_name
     consolidation = model_for(c_provider, c_name)
     return Models(chat=ModelChain(chain, on_response=on_response, on_fallback=on_fallback),
                   consolidation=ModelChain([consolidation], on_response=on_response),

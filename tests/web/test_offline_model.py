@@ -222,3 +222,24 @@ async def test_count_tokens(client):
     n = await client.messages.count_tokens(model="m", messages=_user("hello " * 100))
     assert n.input_tokens > 50
     assert json.loads(n.model_dump_json())["input_tokens"] == n.input_tokens
+
+
+@pytest.mark.parametrize("text", ["我叫什么名字？", "我叫什么名字", "你记住了吗？", "你还记得我喜欢喝什么吗",
+                                  "What is my name?", "do you remember my name"])
+async def test_a_question_never_writes_memory(client, text):
+    # issue 19: "我叫什么名字？" overwrote the profile name with 名字：什么名字; "你记住了吗？"
+    # stored the fact "了吗？"
+    msg = await client.messages.create(model="m", max_tokens=100, messages=_user(text), tools=TOOL_SPECS)
+    assert msg.stop_reason == "end_turn" and msg.content[0].type == "text", msg.content
+    c = Consolidator(client, main_model="claude-sonnet-4-6")
+    assert (await c.extract([text], companion=False)).facts == []
+
+
+async def test_summaries_of_summaries_do_not_repeat(client):
+    c = Consolidator(client, main_model="claude-sonnet-4-6")
+    first = await c.compress(_turns())
+    second = await c.compress(_turns(), previous_summary=first)     # the same turns again
+    assert second.count("我是一名后端工程师") == 1
+    folded = await c.fold(first, [first, second])
+    for sentence in ("我是一名后端工程师", "我喜欢喝咖啡"):
+        assert folded.count(sentence) <= 1, folded
