@@ -104,6 +104,10 @@ def test_chat_answers_twice_and_closes_the_session_with_its_episode(chatted):
     assert s["closed_at"] is not None and s["user_turns"] == 2 and s["message_count"] == 4
     [ep] = db_rows(db, "SELECT * FROM episodes")                     # spec: CLI exit with >= 2 turns
     assert ep["session_id"] == s["id"] and ep["user_id"] == LOCAL and ep["turn_count"] == 2
+    # the offline model wrote it and says so (issue 19: it recorded claude-haiku-4-5)
+    assert ep["model"] == "ethan-offline" and s["model"] == "ethan-offline"
+    assert ep["started_at"] and ep["ended_at"] >= ep["started_at"]
+    assert db_rows(db, "SELECT COUNT(*) AS n FROM episode_chunks")[0]["n"] >= 1
     assert [f["content"] for f in db_rows(db, "SELECT content FROM facts WHERE user_id = ?", (LOCAL,))] \
         == ["用户喜欢乌龙茶"]
     assert (home / "data" / "logs" / "cli.log").stat().st_size > 0   # logs kept off the terminal
