@@ -246,6 +246,7 @@ class _Text:
     negated: bool
     numbers: tuple[str, ...]
     changed: bool = False
+    words: frozenset[str] = frozenset()
 
 
 def _negated(text: str) -> bool:
@@ -273,7 +274,23 @@ def _analyse(text: str) -> _Text:
         negated=_negated(t),
         numbers=tuple(_NUMBER.findall(t)),
         changed=bool(_CHANGE_EN.search(t) or _CHANGE_CN.search(t)),
+        words=_content_words(text),
     )
+
+
+_ORDINAL = re.compile(r"第\s*\d|\bno\.?\s*\d|#\s*\d|\d+\s*号", re.I)
+# predicate words two facts share without being about one thing (喜欢咖啡 / 不喜欢茶)
+_PREDICATES = frozenset("""喜欢 不喜欢 讨厌 工作 住在 是 在 有 想 要 觉得 like love prefer hate work live
+    is has have want""".split())
+_DEGREE = frozenset({"很", "非常", "特别", "十分", "挺", "最", "真", "一名", "一位", "一个", "名"})
+
+
+def _content_words(text: str) -> frozenset[str]:
+    """The fact's content words (jieba + stemmed English, as the episode index has them),
+    without the subject and degree words: "用户很喜欢喝乌龙茶" ~ "用户喜欢喝乌龙茶"."""
+    from memory.episodic import search_terms
+
+    return frozenset(w for w in search_terms(text) if w not in ("用户", "user") and w not in _DEGREE)
 
 
 SAME_FACT, CONTRADICTS, UNRELATED = "same", "contradicts", "unrelated"
@@ -298,8 +315,20 @@ def _relation(new: _Text, old: _Text, category: str) -> tuple[str, float]:
         if skel >= SAME or (new.changed and skel >= RELATED):
             return CONTRADICTS, skel
         return UNRELATED, raw
+    correcting = category == "correction" or new.changed
+    if (not correcting and new.numbers == old.numbers and new.words and old.words
+            and (new.words == old.words
+                 or (min(len(new.words), len(old.words)) >= 2 and (new.words <= old.words or old.words <= new.words)
+                     and not _substituted(old.skeleton, new.skeleton)))):
+        # the same content words, one a restatement or refinement of the other (word order,
+        # 很/非常, "before work" added): the same fact re-learned, reinforced
+        return SAME_FACT, max(raw, skel)
     if raw >= SAME or skel >= SAME:
         if new.numbers and old.numbers and new.numbers != old.numbers:
+            # an ordinal names another thing (第1号/第2号邮票, No. 3 / No. 4) unless it says it
+            # changed; a quantity or a date replaces the old value (3月5日 → 3月6日)
+            if not correcting and _ORDINAL.search(new.norm) and _ORDINAL.search(old.norm):
+                return UNRELATED, max(raw, skel)
             return CONTRADICTS, max(raw, skel)
         if not _substituted(old.skeleton, new.skeleton):
             return SAME_FACT, max(raw, skel)
@@ -473,6 +502,13 @@ class FactStore:
         if session_id:
             conn.execute("INSERT OR IGNORE INTO fact_sources(fact_id, session_id) VALUES (?, ?)",
                          (fact_id, session_id))
+        if category == "correction" and action == "added" and not contradicted and rows:
+            # memory_write {category: correction} states what replaces an earlier fact: the
+            # one it corrects is the closest on the words it negates (其实我不在杭州 → 用户在杭州工作)
+            target = corrected_fact(text, [(r["id"], r["content"]) for r in rows])
+            if target is not None:
+                contradicted = [target]
+                action = "superseded"
         contradicted = [i for i in contradicted if i != fact_id]
         if contradicted:
             marks = ",".join("?" * len(contradicted))
@@ -609,3 +645,32 @@ class FactStore:
             sql += " AND superseded_at IS NULL"
         row = await self.db.fetchone(sql, (user_id,))
         return int(row["n"]) if row else 0
+
+
+_NEGATION_WORDS = re.compile(r"(?:不是|不在|不住|不再|没有|并非|而不是|不|没|\bnot\b|\bno longer\b|n't)\s*(\S{1,20})", re.I)
+
+
+def corrected_fact(correction: str, facts: list[tuple[int, str]]) -> int | None:
+    """Which of the user's facts a correction replaces: among those sharing a content word
+    with it, the one sharing the words it negates ("不在杭州", "not in Berlin") first, then the
+    one sharing most words; None when no fact shares a word (nothing to correct)."""
+    from memory.episodic import search_terms    # jieba: loaded once, shared with the episode index
+
+    boring = {"用户", "user"}
+    words = set(search_terms(correction)) - boring
+    if not words:
+        return None
+    negated: set[str] = set()
+    for m in _NEGATION_WORDS.finditer(correction):
+        negated |= set(search_terms(m.group(1))) - boring
+    best: tuple[int, int, int] | None = None
+    for fid, content in facts:
+        shared = words & set(search_terms(content))
+        if not shared - _PREDICATES:
+            continue
+        key = (len(shared & negated), len(shared), fid)
+        if best is None or key > best:
+            best = key
+    if best is None or (negated and best[0] == 0 and best[1] < 2):
+        return None
+    return best[2]

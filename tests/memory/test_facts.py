@@ -467,3 +467,13 @@ async def test_delete_and_delete_all(store):
     assert await store.delete("ou_alice", a.id) is False
     assert await store.delete_all("ou_alice") == 2
     assert await store.list("ou_alice", include_superseded=True) == []
+
+
+async def test_the_fact_decision_set(db):
+    # issue 19: near-duplicates merge, look-alikes (第1号/第2号邮票, dog/cat) both stay, and a
+    # correction (category correction, as memory_write sends it) supersedes the fact it corrects
+    from tests.memory import fact_decisions as D
+
+    r = await D.score(lambda: FactStore(db))
+    assert r["duplicates"] == 0 and r["look_alikes_lost"] == 0, r["failures"]
+    assert r["corrected"] == r["corrections"] == len(D.CORRECT), r["failures"]
