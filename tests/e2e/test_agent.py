@@ -210,3 +210,26 @@ async def test_stable_prefix_is_byte_identical_across_turns(tmp_path):
             wire = [r.wire["messages"][0] for r in h.model.chat_requests()]
             assert all(m["role"] == "system" and m["content"].startswith(stable) for m in wire)
             assert "cache" not in json.dumps([r.wire for r in h.model.chat_requests()])
+
+
+async def test_memory_write_correction_supersedes_the_fact_it_corrects(tmp_path):
+    # issue 19: "其实我不在杭州，我在上海" left both 用户在杭州工作 and 用户在上海 active
+    async with Harness(tmp_path) as h:
+        h.model.script(
+            ToolUse("memory_write", {"content": "用户在杭州工作", "category": "knowledge"}),
+            Text("记住了。"),
+            ToolUse("memory_write", {"content": "用户其实不在杭州，在上海工作", "category": "correction"}),
+            Text("好的，已更正。"),
+            Text("你在上海工作。"),
+        )
+        await _turn(h, "记住：我在杭州工作", 1, **ALICE)
+        await _turn(h, "其实我不在杭州，我在上海", 2, **ALICE)
+        await _turn(h, "我在哪里工作？", 3, **ALICE)
+        last = system_of(h, h.model.chat_requests()[-1])
+        memory = last.split("<memory_context>")[1].split("</memory_context>")[0]
+        assert "上海" in memory and "用户在杭州工作" not in memory
+        rows = await h.app.db.fetchall("SELECT id, content, superseded_at, superseded_by FROM facts ORDER BY id")
+        old, new = rows
+        assert old["superseded_at"] is not None and old["superseded_by"] == new["id"]   # history kept
+        assert new["superseded_at"] is None
+

@@ -98,3 +98,24 @@ async def test_group_requests_never_carry_the_psychology_section(tmp_path):
         await _say(h, "帮我回顾一下最近的工作状态和压力来源吧，顺便给点建议", **ALICE)
         p2p_system = h.model.last_system_text(h.model.chat_requests()[-1])
         assert "心理与情绪" in p2p_system and "压力很大" in p2p_system
+
+
+async def test_a_short_question_without_a_cue_gets_what_was_said_in_that_session(tmp_path):
+    # issue 19: "When did Jon lose his job?" never reached the episode lookup (no cue word,
+    # under 40 characters), and a detail said mid-session was not in the summary
+    async with Harness(tmp_path) as h:
+        h.model.responder = lambda req: Text("ok") if is_chat(req) else default_responder(req)
+        h.model.on_tool("write_summary", lambda req: {"summary": "The user is training for the Berlin marathon."},
+                        keys={"summary"})
+        for text in ("I'm training for the Berlin marathon.", "Work was busy again today.",
+                     "My physio says the shin splints come from tight calves."):
+            await _say(h, text, **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        await _say(h, "what did my physio say?", **ALICE)          # 24 characters, no cue
+        req = h.model.chat_requests()[-1]
+        context = _context_blocks(req)
+        assert "<related_episodes>" in context and "tight calves" in context, context
+        assert "Berlin marathon" in context                         # the summary beside the excerpt
+        await _say(h, "how do I make pancakes?", **ALICE)           # unrelated: nothing injected
+        assert "<related_episodes>" not in _context_blocks(h.model.chat_requests()[-1])
