@@ -34,6 +34,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("context", "bench.bench_context", "3. Context assembly"),
     ("session_search", "bench.bench_session_search", "4. Session search"),
     ("episode_search", "bench.bench_episode_search", "4b. Episode search"),
+    ("recall", "bench.bench_recall", "4c. End-to-end recall and fact decisions"),
     ("prompt_size", "bench.bench_prompt_size", "5. Prompt size over a long conversation"),
     ("consolidation_latency", "bench.bench_consolidation_latency", "6. Reply latency under consolidation"),
     ("footprint", "bench.bench_footprint", "7. Memory footprint"),

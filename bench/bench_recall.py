@@ -1,0 +1,220 @@
+"""End-to-end recall (issue 19): does the session holding the answer reach the model?
+
+Generated multi-session conversations (``tests/memory/recall_corpus.py``: Chinese and
+English topics with varied facts, small talk mixed in so the detail sits mid-session) are
+replayed through the real pipeline — ``EthanApp`` with the built-in offline model, each line
+one message through ``Conversations.ask`` (dispatcher → handler → agent → tools →
+consolidation queue), ``/new`` between sessions, so episodes are written by the offline
+model's summaries and the turn index. Then every labelled question is asked in a later
+session of the same chat, as a user would ask it, and so is every unrelated message.
+
+What reaches the model is read from the memory blocks the agent put in that request (the
+``show_memory`` hook the console uses): the share of questions whose evidence session is
+among the injected ``<related_episodes>``, how many other episodes came with it (precision
+of injection), and the share of unrelated messages that got any episode.
+
+It also reports episode retrieval r@3 by ranking method on the same corpus at the store
+level, and the fact-decision set (``tests/memory/fact_decisions.py``) through
+``FactStore.add`` as ``memory_write`` calls it.
+
+    python -m bench.bench_recall          # 12 users x 12 sessions (~580 questions)
+    python -m bench.bench_recall --quick  # 4 users x 8 sessions (128 questions)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import table, temp_home  # noqa: E402
+from tests.memory import fact_decisions as D  # noqa: E402
+from tests.memory import recall_corpus as R  # noqa: E402
+
+TARGET_RECALL = 0.85
+TARGET_UNRELATED = 0.05
+
+
+class _Seen:
+    """A Reply that keeps the answer and the memory blocks of the request (what the model saw)."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.blocks = None
+
+    async def partial(self, text: str) -> None:
+        pass
+
+    async def finish(self, text: str) -> None:
+        self.text = text
+
+    async def fail(self, text: str) -> None:
+        self.text = text
+
+    def show_memory(self, blocks) -> None:
+        self.blocks = blocks
+
+    def show_tools(self, tools) -> None:
+        pass
+
+    def __getattr__(self, name):          # any other Reply hook: a no-op
+        async def _noop(*a, **k):
+            return None
+        return _noop
+
+
+async def _e2e(c: R.Corpus) -> dict:
+    from bot.config import Settings
+    from bot.inbound import typed_message
+    from bot.terminal import TERMINAL, chat_settings, terminal_app
+
+    with temp_home("ethan-bench-recall-") as home:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "LARK_"))}
+        env["ETHAN_HOME"] = str(home)
+        old = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            settings = chat_settings(Settings())
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        app = terminal_app(settings)
+        await app.start()
+        try:
+            async def say(user: str, text: str) -> _Seen:
+                inbound = typed_message(transport=TERMINAL, message_id="om_b_" + uuid.uuid4().hex,
+                                        chat_id=f"oc_bench_{user}", sender_id=user, text=text)
+                seen = _Seen()
+                await app.conversations.ask(inbound, seen)
+                return seen
+
+            label_of_session: dict[str, str] = {}
+            t0 = time.perf_counter()
+            for s in c.sessions:
+                for line in s.lines:
+                    await say(s.user, line)
+                await say(s.user, "/new")
+                await app.queue.wait_idle(timeout=60)
+                rows = await app.db.fetchall(
+                    "SELECT session_id FROM episodes WHERE user_id = ? ORDER BY id DESC LIMIT 1", (s.user,))
+                if rows:
+                    label_of_session[rows[0]["session_id"]] = s.label
+            replay_s = time.perf_counter() - t0
+
+            hit = injected = wrong = 0
+            misses = []
+            for user, q, label in c.questions:
+                seen = await say(user, q)
+                got = [label_of_session.get(e.session_id, "?") for e in (seen.blocks.episodes if seen.blocks else ())]
+                injected += len(got)
+                wrong += sum(1 for g in got if g != label)
+                if label in got:
+                    hit += 1
+                else:
+                    misses.append((q, label, got))
+            unrelated_any = 0
+            unrelated_eps = 0
+            for user, m in c.unrelated:
+                seen = await say(user, m)
+                n = len(seen.blocks.episodes) if seen.blocks else 0
+                unrelated_any += n > 0
+                unrelated_eps += n
+            models = await app.db.fetchall("SELECT DISTINCT model FROM episodes")
+        finally:
+            await app.stop()
+    return {
+        "sessions": len(c.sessions), "episodes": len(label_of_session), "questions": len(c.questions),
+        "recall": hit / max(1, len(c.questions)), "precision": (injected - wrong) / max(1, injected),
+        "unrelated": len(c.unrelated), "unrelated_share": unrelated_any / max(1, len(c.unrelated)),
+        "unrelated_eps": unrelated_eps, "replay_s": replay_s, "misses": misses,
+        "models": sorted(r["model"] for r in models),
+    }
+
+
+async def _store(c: R.Corpus) -> dict:
+    from memory.db import Database
+    from memory.episodic import METHODS, EpisodeStore, warm_up
+
+    warm_up()
+    with temp_home("ethan-bench-recall-store-") as home:
+        db = await Database(Path(home) / "e.db").open()
+        try:
+            store = EpisodeStore(db)
+            label_of = await R.load(store, c)
+            out = {m: (await R.retrieval(store, c, label_of, m))[0] for m in METHODS}
+            out["gate"] = await R.gate(store, c, label_of)
+        finally:
+            await db.close()
+    return out
+
+
+async def _decisions() -> dict:
+    from memory.db import Database
+    from memory.facts import FactStore
+
+    with temp_home("ethan-bench-facts-") as home:
+        db = await Database(Path(home) / "f.db").open()
+        try:
+            return await D.score(lambda: FactStore(db))
+        finally:
+            await db.close()
+
+
+async def _run(quick: bool) -> list[str]:
+    small = R.corpus(seed=19, users=4, sessions_per_user=8)
+    big = small if quick else R.corpus(seed=7, users=12, sessions_per_user=12)
+    e2e = await _e2e(big)
+    lines = [
+        f"Replayed {e2e['sessions']} sessions ({e2e['episodes']} episodes written, model "
+        f"{', '.join(e2e['models'])}) through EthanApp with the offline model in {e2e['replay_s']:.0f} s; "
+        f"then {e2e['questions']} labelled questions and {e2e['unrelated']} unrelated messages.",
+        "",
+    ]
+    ok_r = e2e["recall"] >= TARGET_RECALL
+    ok_u = e2e["unrelated_share"] <= TARGET_UNRELATED
+    lines += table(
+        ["measure (end to end)", "value", "target"],
+        [["evidence session reaches the model", f"{e2e['recall']:.3f}", f"≥ {TARGET_RECALL}" + ("" if ok_r else " **FAILED**")],
+         ["precision of injected episodes", f"{e2e['precision']:.3f}", "—"],
+         ["unrelated messages given any episode", f"{e2e['unrelated_share']:.3f}",
+          f"≤ {TARGET_UNRELATED}" + ("" if ok_u else " **FAILED**")],
+         ["episodes injected for unrelated messages", str(e2e["unrelated_eps"]), "—"]])
+    lines.append("")
+    for sets, name in ((small, "labelled (suite)"), (big, "generated (larger)")) if not quick else ((small, "labelled (suite)"),):
+        st = await _store(sets)
+        g = st.pop("gate")
+        lines.append(f"Episode retrieval r@3 on the {name} set ({len(sets.sessions)} episodes, "
+                     f"{len(sets.questions)} questions; summary = the session's first two lines):")
+        lines.append("")
+        lines += table(["method", "r@3"], [[m, f"{v:.3f}"] for m, v in st.items()])
+        lines.append("")
+        lines.append(f"Recall gate on it: recall {g['recall']:.3f}, unrelated given any episode "
+                     f"{g['unrelated_share']:.3f}, other episodes injected beside the right one {g['wrong_alongside']}.")
+        lines.append("")
+    d = await _decisions()
+    dups_ok = d["duplicates"] == 0 and d["look_alikes_lost"] == 0 and d["corrected"] == d["corrections"]
+    lines += table(["fact decisions (FactStore.add, as memory_write)", "value", "target"],
+                   [["duplicates left (near-duplicates not merged)", str(d["duplicates"]), "0"],
+                    ["look-alikes wrongly superseded/merged", str(d["look_alikes_lost"]), "0"],
+                    ["corrections superseding", f"{d['corrected']}/{d['corrections']}",
+                     "100 %" + ("" if dups_ok else " **FAILED**")]])
+    if e2e["misses"]:
+        lines += ["", "First misses (question, evidence, injected): " + "; ".join(
+            f"{q!r} → {got}" for q, _, got in e2e["misses"][:5])]
+    return lines
+
+
+def run(quick: bool = False) -> list[str]:
+    return asyncio.run(_run(quick))
+
+
+if __name__ == "__main__":
+    print("\n".join(run("--quick" in sys.argv)))
