@@ -20,46 +20,43 @@ characters and bare numbers are dropped.
   also yields its sub-words: 睡不着 → 不着, 睡不着), English words lightly stemmed
   (deploying/deployed → deploy) so inflections meet.
 
+Index (schema v4)
+-----------------
+``episodes.terms``: the summary's and keywords' search terms *with their repeats* (term
+frequency kept), under FTS5 ``episodes_fts``. ``episode_chunks``: what the users said in the
+session, ``CHUNK_LINES`` lines per chunk overlapping by one, each with its terms under
+``episode_chunks_fts``. Only user lines (an assistant answer restates memory injected from
+other sessions). ``started_at`` / ``ended_at``: the session's first and last message.
+
 Search
 ------
-Two rankings, both filtered by ``user_id`` (and, for recall, visibility) in SQL:
-
-* ``"bm25"`` (default) — the episode's search terms are stored in ``episodes.terms``
-  (space-separated) and indexed by FTS5 (``episodes_fts``, unicode61 tokenizer, so each
-  jieba word is one token: two-character Chinese words match, which the trigram
-  tokenizer cannot do). The query's search terms are OR-ed and ranked by FTS5's
-  ``bm25()``. Inverse document frequencies are those of the whole table (FTS5 keeps
-  one set of statistics); they shape the order only, never which rows are seen.
-* ``"tf"`` — the spec's term-frequency scoring: for each query word, its occurrences in
-  the summary plus ``KEYWORD_WEIGHT`` if it is one of the episode's keywords; summed.
-
-On the labelled set in ``tests/memory/episodes_labelled.py`` (65 episodes of 4 users,
-70 queries) BM25 ranks better — recall@3 0.995 vs 0.988, recall@1 0.929 vs 0.914 — and is
-the default; ``bench/bench_episode_search.py`` reports both.
+Methods, all filtered by ``user_id`` (and, for recall, where the chat may see it) in SQL:
+``"rrf"`` (default) — reciprocal-rank fusion (k = 60) of BM25 over the summaries and BM25 over
+the chunks (best chunk per episode); ``"bm25"`` — summaries only (the old default);
+``"turns"`` — chunks only; ``"tf"`` — the spec's term counting over summaries. Measured on the
+generated labelled set (``tests/memory/recall_corpus.py``; summaries = a session's first two
+lines, the details said mid-session): r@3 rrf 0.961, turns 0.961, bm25 0.594, tf 0.602
+(``bench/bench_recall.py``). On the hand-written summaries-only set
+(``tests/memory/episodes_labelled.py``) rrf equals bm25.
 
 Recall
 ------
-``recall(scope, text)`` decides whether the current message is about one of the user's
-past episodes. Candidates come from the BM25 search; each is then judged by a score
-that does not depend on the size of the table (BM25 scores do), the *weighted coverage*
-of the message's words::
+``recall(scope, text)``: candidates are the RRF top ``RECALL_CANDIDATES``; each is judged by
+the *weighted coverage* of the message's words by its summary plus its best chunk::
 
-    coverage = Σ w(t) for terms t of the message found in the episode
-               ──────────────────────────────────────────────────────
-               Σ w(t) for all terms t of the message
+    coverage = Σ w(t) for message terms t found  /  Σ w(t) for all message terms
+    w(t) = log(1 + N / (1 + df(t)))   over the user's own N episodes (summary or turns)
 
-where ``w(t) = log(1 + N / (1 + df(t)))`` over the user's own N episodes (a word that
-is in many of the user's episodes says little), the message's words are jieba's accurate
-mode (stemmed), and a word met only through one of its sub-words (数据库 → 数据) earns
-``PARTIAL_CREDIT`` of its weight. An episode is recalled when coverage ≥
-``RECALL_THRESHOLD`` (0.4) with one matching word, or ≥ ``RECALL_THRESHOLD_MULTI`` (0.25)
-with two or more (long messages carry many words the episode need not have). Tuned on the
-labelled set: every unrelated message there recalls nothing, 64 of 70 related ones recall
-their episode first (see the tests and the benchmark). The top
-``k`` are returned, trimmed to ``max_tokens`` (estimate: a CJK character is a token,
-other text four characters a token). Private (p2p) episodes are recalled only in the
-user's p2p chat; a group's episodes only in that group (never in p2p or another group);
-another user's episodes never.
+(a word met only through a sub-word earns ``PARTIAL_CREDIT``). Recalled when coverage ≥
+``RECALL_THRESHOLD`` (one matching word) or ≥ ``RECALL_THRESHOLD_MULTI`` (two or more), and
+one matched word is distinctive (in at most a third of the user's episodes, from
+``DISTINCT_MIN_EPISODES`` on). A "last time" cue (``RECALL_CUES``) lowers the bar to
+``RECALL_CUE_THRESHOLD``; a bare cue with no content word gets the ``RECALL_RECENT`` newest
+episodes. How many: those within ``RECALL_RELATIVE`` of the best, at most ``k``, within
+``max_tokens`` (summary + the matching excerpt, ≤ ``EXCERPT_TOKENS``). Private (p2p) episodes
+are recalled only in p2p; a group's only in that group; another user's never. Tuned on the
+generated set: recall 0.922 of questions get their evidence episode, 0 of 44 unrelated
+messages get any (see docs/memory.md).
 """
 
 from __future__ import annotations
