@@ -284,8 +284,36 @@ _FEELINGS = re.compile(
     r"\b(?:stressed|anxious|sad|worried|tired|lonely|afraid|scared|happy|upset|overwhelmed|nervous)\b", re.I)
 
 
+_EXISTING = re.compile(r"^- #(\d+): (.*)$")
+
+
+def _decide(fact: dict[str, Any], existing: list[tuple[int, str]]) -> dict[str, Any]:
+    """The extraction contract's decision against the user's existing facts, as a model would
+    make it: the same fact → reinforce; a contradiction or a correction → update that fact."""
+    from memory.facts import CONTRADICTS, SAME_FACT, corrected_fact, relation
+
+    for fid, old in existing:
+        kind = relation(fact["content"], old, category=fact["category"])
+        if kind == SAME_FACT:
+            return {**fact, "action": "reinforce", "target_id": fid}
+        if kind == CONTRADICTS:
+            return {**fact, "action": "update", "target_id": fid}
+    if fact["category"] == "correction" and existing:
+        target = corrected_fact(fact["content"], existing)
+        if target is not None:
+            return {**fact, "action": "update", "target_id": target}
+    return {**fact, "action": "add", "target_id": 0}
+
+
 def extract(text: str, *, companion: bool) -> dict[str, Any]:
-    """Facts (and, in companion mode, profile_psych entries) from the user's lines."""
+    """Facts (and, in companion mode, profile_psych entries) from the user's lines, each with
+    its decision against the existing facts listed after "Existing facts" (add / reinforce /
+    update / contradict + target_id)."""
+    existing: list[tuple[int, str]] = []
+    text, _, known = (text or "").partition("Existing facts (id: text):")
+    for raw in known.splitlines():
+        if m := _EXISTING.match(raw.strip()):
+            existing.append((int(m.group(1)), m.group(2)))
     lines: list[str] = []
     for raw in (text or "").splitlines():
         line = raw.strip()
@@ -314,7 +342,7 @@ def extract(text: str, *, companion: bool) -> dict[str, Any]:
             if entry not in seen:
                 seen.add(entry)
                 psych.append({"entry": entry})
-    return {"facts": facts[:10], "profile_psych": psych[:5]}
+    return {"facts": [_decide(f, existing) for f in facts[:10]], "profile_psych": psych[:5]}
 
 
 def _structured_tool(body: dict) -> str:

@@ -359,7 +359,9 @@ class ConsolidationQueue:
         writes: list[tuple[str, str, dict[str, Any]]] = []
         for uid, own in by_user.items():
             companion = (await self.modes.get(uid, meta.conv_key)) == COMPANION
-            extraction = await self.consolidator.extract([t.user_text for t in own], companion=companion)
+            said = [t.user_text for t in own]
+            existing = await self.facts.similar(uid, said)
+            extraction = await self.consolidator.extract(said, companion=companion, existing=existing)
             if extraction.skipped_secrets:
                 self._counts["secrets_skipped"] += extraction.skipped_secrets
             where = {
@@ -376,6 +378,7 @@ class ConsolidationQueue:
                     # the user's line the fact most likely came from: FactStore raises the
                     # confidence for strong signals in it (记住 / remember / 纠正 …)
                     "user_text": _source_line(fact.content, [t.user_text for t in own]),
+                    "action": fact.action, "target_id": fact.target_id,
                 }))
             if companion and extraction.profile_psych:
                 writes.append(("psych", uid, {**where, "entries": extraction.profile_psych}))
@@ -395,7 +398,7 @@ class ConsolidationQueue:
                     await self.facts.add(
                         scope, payload["content"], payload["category"], source="consolidator",
                         importance=payload.get("importance"), user_text=payload.get("user_text", ""),
-                        session_id=sid,
+                        session_id=sid, decision=(payload.get("action") or "add", payload.get("target_id")),
                     )
                     self._counts["facts_written"] += 1
                 except ValueError as e:     # FactStore refuses secrets and bad input: skip it

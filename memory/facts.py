@@ -316,7 +316,9 @@ def _relation(new: _Text, old: _Text, category: str) -> tuple[str, float]:
             return CONTRADICTS, skel
         return UNRELATED, raw
     correcting = category == "correction" or new.changed
-    if (not correcting and new.numbers == old.numbers and new.words and old.words
+    # (not with a negation: which of the words it negates is what the order says —
+    # 用简体，不要繁体 / 用繁体，不要简体 have the same words)
+    if (not correcting and not new.negated and new.numbers == old.numbers and new.words and old.words
             and (new.words == old.words
                  or (min(len(new.words), len(old.words)) >= 2 and (new.words <= old.words or old.words <= new.words)
                      and not _substituted(old.skeleton, new.skeleton)))):
@@ -431,11 +433,15 @@ class FactStore:
         user_text: str = "",
         importance: float | None = None,
         session_id: str = "",
+        decision: tuple[str, int | None] | None = None,
     ) -> FactWrite:
         """Learn a fact for ``scope.user_id``: add, reinforce, and/or supersede (module docs).
 
         ``session_id``: the session it was learned from (recorded in ``fact_sources``, so
-        deleting that session removes the facts learned only from it)."""
+        deleting that session removes the facts learned only from it). ``decision``: the
+        extraction model's (action, target id) — ``reinforce`` / ``update`` / ``contradict`` an
+        active fact of this user it was shown, applied as given; ``add`` (or a target that is
+        not an active fact of the user) falls back to the string rules above."""
         if not scope.user_id:
             raise FactError("no user to store the fact for")
         text = clean_content(content)
@@ -453,10 +459,11 @@ class FactStore:
         # The whole read-compare-write runs as one Database.write in the SQLite thread (one
         # round trip instead of up to ten; the remember tool calls this on the reply path).
         return await self.db.write(self._add_sync, scope, text, category, source, conf, visibility, new, now,
-                                   session_id)
+                                   session_id, decision)
 
     def _add_sync(self, conn: Any, scope: Scope, text: str, category: str, source: str, conf: float,
-                  visibility: str, new: Any, now: float, session_id: str = "") -> FactWrite:
+                  visibility: str, new: Any, now: float, session_id: str = "",
+                  decision: tuple[str, int | None] | None = None) -> FactWrite:
         user = scope.user_id
         rows = conn.execute(
             "SELECT id, content, confidence FROM facts WHERE user_id = ? AND superseded_at IS NULL", (user,)
@@ -464,6 +471,15 @@ class FactStore:
 
         same: list[tuple[float, float, int]] = []
         contradicted: list[int] = []
+        action_of_model, target = decision or ("add", None)
+        active_ids = {r["id"]: r for r in rows}
+        if action_of_model != "add" and target in active_ids:
+            # the model saw this fact and decided: apply it as given (no string rules)
+            if action_of_model == "reinforce":
+                same = [(1.0, active_ids[target]["confidence"], target)]
+            else:                      # update | contradict: the new fact replaces it
+                contradicted = [target]
+            rows = []
         for row in rows:
             kind, score = _relation(new, _analyse(row["content"]), category)
             if kind == SAME_FACT:
@@ -502,7 +518,7 @@ class FactStore:
         if session_id:
             conn.execute("INSERT OR IGNORE INTO fact_sources(fact_id, session_id) VALUES (?, ?)",
                          (fact_id, session_id))
-        if category == "correction" and action == "added" and not contradicted and rows:
+        if category == "correction" and action == "added" and not contradicted and rows and decision is None:
             # memory_write {category: correction} states what replaces an earlier fact: the
             # one it corrects is the closest on the words it negates (其实我不在杭州 → 用户在杭州工作)
             target = corrected_fact(text, [(r["id"], r["content"]) for r in rows])
@@ -522,6 +538,26 @@ class FactStore:
         row = _row_sync(conn, user, fact_id)
         assert row is not None
         return FactWrite(_fact(row), action, tuple(contradicted), evicted)
+
+    async def similar(self, user_id: str, texts: list[str], k: int = 10) -> list[tuple[int, str]]:
+        """The user's active facts most similar to ``texts`` (what extraction is shown to decide
+        add / reinforce / update / contradict): by shared content words, then character bigrams."""
+        rows = await self.db.fetchall(
+            "SELECT id, content FROM facts WHERE user_id = ? AND superseded_at IS NULL ORDER BY id", (user_id,))
+        if not rows:
+            return []
+        said = [_analyse(t[:MAX_CONTENT_CHARS]) for t in texts if t.strip()]
+        words = frozenset().union(*(a.words for a in said)) if said else frozenset()
+        grams = set().union(*(a.grams for a in said)) if said else set()
+        scored = []
+        for r in rows:
+            a = _analyse(r["content"])
+            shared = len(a.words & words)
+            score = (shared, dice(a.grams, grams) if grams else 0.0)
+            if shared or score[1] >= RELATED / 2:
+                scored.append((score, r["id"], r["content"]))
+        scored.sort(key=lambda x: (-x[0][0], -x[0][1], x[1]))
+        return [(i, c) for _, i, c in scored[:k]]
 
     def _evict_sync(self, conn: Any, user_id: str, *, keep: int) -> tuple[int, ...]:
         (active,) = conn.execute(

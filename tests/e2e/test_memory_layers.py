@@ -119,3 +119,53 @@ async def test_a_short_question_without_a_cue_gets_what_was_said_in_that_session
         assert "Berlin marathon" in context                         # the summary beside the excerpt
         await _say(h, "how do I make pancakes?", **ALICE)           # unrelated: nothing injected
         assert "<related_episodes>" not in _context_blocks(h.model.chat_requests()[-1])
+
+
+async def test_extraction_decides_against_the_existing_facts_and_the_store_applies_it(tmp_path):
+    # issue 19: extraction sees the user's most similar facts (ids + text) and returns per
+    # fact add / reinforce / update(id) / contradict(id); superseded facts keep their history
+    from tests.fakes.fake_anthropic import existing_facts
+
+    seen: list[list] = []
+
+    def extract(req):
+        known = existing_facts(req)
+        seen.append(known)
+        said = " ".join(h_texts(req))
+        if "上海" in said:
+            target = next(i for i, t in known if "杭州" in t)
+            return {"facts": [{"content": "用户在上海工作", "category": "correction", "importance": 0.9,
+                               "action": "update", "target_id": target}], "profile_psych": []}
+        if "喜欢" in said:
+            target = next(i for i, t in known if "乌龙茶" in t)
+            return {"facts": [{"content": "用户爱喝乌龙", "category": "preference", "importance": 0.8,
+                               "action": "reinforce", "target_id": target}], "profile_psych": []}
+        return {"facts": [{"content": "用户在杭州工作", "category": "knowledge", "importance": 0.8,
+                           "action": "add", "target_id": 0},
+                          {"content": "用户喜欢乌龙茶", "category": "preference", "importance": 0.8,
+                           "action": "add", "target_id": 0}], "profile_psych": []}
+
+    def h_texts(req):
+        return [b.get("text", "") for m in req["messages"] for b in
+                (m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}])]
+
+    async with Harness(tmp_path) as h:
+        h.model.responder = lambda req: Text("ok") if is_chat(req) else default_responder(req)
+        h.model.on_tool("extract_memories", extract, keys={"facts", "profile_psych"})
+        await _say(h, "我在杭州工作，爱喝乌龙茶", **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        await _say(h, "其实我已经在上海工作了", **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        await _say(h, "我真的很喜欢乌龙茶", **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        rows = await h.app.db.fetchall(
+            "SELECT id, content, confidence, superseded_at, superseded_by FROM facts ORDER BY id")
+        by = {r["content"]: r for r in rows}
+        assert set(by) == {"用户在杭州工作", "用户喜欢乌龙茶", "用户在上海工作"}      # no duplicate
+        assert by["用户在杭州工作"]["superseded_by"] == by["用户在上海工作"]["id"]
+        assert by["用户在杭州工作"]["superseded_at"] is not None
+        assert by["用户喜欢乌龙茶"]["confidence"] > 0.8                          # reinforced
+        assert any(any("杭州" in t for _, t in known) for known in seen)        # it was shown the facts

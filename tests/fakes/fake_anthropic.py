@@ -405,6 +405,21 @@ def minimal_instance(schema: Any) -> Any:
         typ, None)
 
 
+def existing_facts(req: dict) -> list[tuple[int, str]]:
+    """The user's existing facts an ``extract_memories`` request shows the model (id, text):
+    the extraction contract's input for add / reinforce / update / contradict decisions."""
+    text = "\n".join(
+        b.get("text", "") for m in req.get("messages") or [] if m.get("role") == "user"
+        for b in _blocks(m.get("content")) if b.get("type") == "text")
+    _, _, known = text.partition("Existing facts (id: text):")
+    out = []
+    for line in known.splitlines():
+        m = re.match(r"^- #(\d+): (.*)$", line.strip())
+        if m:
+            out.append((int(m.group(1)), m.group(2)))
+    return out
+
+
 def default_responder(req: dict) -> Response:
     """Echo for chat; a minimal schema instance for forced-tool / structured requests."""
     name = forced_tool(req)

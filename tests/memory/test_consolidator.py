@@ -104,7 +104,9 @@ async def test_extract_shape_and_user_lines_only(fake, make):
     [tool] = req.json["tools"]
     props = tool["input_schema"]["properties"]
     assert set(props) == {"facts", "profile_psych"}
-    assert set(props["facts"]["items"]["properties"]) == {"content", "category", "importance"}
+    # DESIGN §3's names, extended with the decision against existing facts (issue 19)
+    assert set(props["facts"]["items"]["properties"]) == {"content", "category", "importance", "action", "target_id"}
+    assert set(props["facts"]["items"]["required"]) == {"content", "category", "importance"}
     assert props["facts"]["items"]["properties"]["category"]["enum"] == [
         "preference", "decision", "knowledge", "correction"]
     assert set(props["profile_psych"]["items"]["properties"]) == {"entry"}
