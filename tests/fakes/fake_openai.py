@@ -55,10 +55,12 @@ from aiohttp import web
 
 from .fake_anthropic import (
     Delay, Error, FakeAnthropic, RecordedRequest, Stall, Text, ToolUse, Turn, _Invalid,
-    _prompt_pieces, _tokens, estimate_tokens, forced_tool, is_chat,
+    _prompt_pieces, _tokens, estimate_tokens, existing_facts, forced_tool, is_chat,
 )
 
-__all__ = ["FakeOpenAI", "OpenAIRecordedRequest", "to_messages_shape", "CACHE_MIN_TOKENS", "CACHE_STEP_TOKENS"]
+# existing_facts: the extraction contract's input (the user's facts shown to the model) reads
+# the same from a converted Chat Completions request as from a Messages one.
+__all__ = ["existing_facts", "FakeOpenAI", "OpenAIRecordedRequest", "to_messages_shape", "CACHE_MIN_TOKENS", "CACHE_STEP_TOKENS"]
 
 CACHE_MIN_TOKENS = 1024
 CACHE_STEP_TOKENS = 128

@@ -231,15 +231,29 @@ async def test_a_question_never_writes_memory(client, text):
     # stored the fact "了吗？"
     msg = await client.messages.create(model="m", max_tokens=100, messages=_user(text), tools=TOOL_SPECS)
     assert msg.stop_reason == "end_turn" and msg.content[0].type == "text", msg.content
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
+    c = Consolidator(AnthropicChatModel(client, "ethan-offline"))
     assert (await c.extract([text], companion=False)).facts == []
 
 
 async def test_summaries_of_summaries_do_not_repeat(client):
-    c = Consolidator(client, main_model="claude-sonnet-4-6")
+    c = Consolidator(AnthropicChatModel(client, "ethan-offline"))
     first = await c.compress(_turns())
     second = await c.compress(_turns(), previous_summary=first)     # the same turns again
     assert second.count("我是一名后端工程师") == 1
     folded = await c.fold(first, [first, second])
     for sentence in ("我是一名后端工程师", "我喜欢喝咖啡"):
         assert folded.count(sentence) <= 1, folded
+
+
+async def test_extraction_decides_against_the_existing_facts(client):
+    # the extraction contract (issue 19): per fact add / reinforce / update(id) / contradict(id)
+    c = Consolidator(AnthropicChatModel(client, "ethan-offline"))
+    existing = [(7, "用户在杭州工作"), (9, "用户喜欢喝乌龙茶")]
+    got = await c.extract(["其实我不在杭州，我在上海工作", "我喜欢喝乌龙茶", "我养了一只猫"], companion=False,
+                          existing=existing)
+    by = {f.content: (f.action, f.target_id) for f in got.facts}
+    assert by["用户喜欢喝乌龙茶"] == ("reinforce", 9)
+    assert any(v == ("update", 7) for k, v in by.items() if "上海" in k), by
+    assert by["用户养了一只猫"] == ("add", None)
+    # a target it was not shown is no decision
+    assert all(f.target_id in (None, 7, 9) for f in got.facts)
