@@ -113,13 +113,6 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
             tx, f"SELECT DISTINCT conv_key FROM sessions WHERE id IN ({marks})", tuple(session_ids)
         ) if session_ids else []
 
-        # Episodes of the sessions they spoke in, whoever holds them: a group member's
-        # episode quotes everyone's words (DESIGN.md §4: derived from the session).
-        if session_ids:
-            c["shared_episodes"] = await _run(
-                tx, f"DELETE FROM episodes WHERE session_id IN ({marks}) AND user_id <> ?",
-                (*session_ids, uid))
-
         # Replies to their messages in the outbox (attributable by the triggering message).
         c["outbox"] = await _run(
             tx, "DELETE FROM outbox WHERE reply_to IN ("
