@@ -244,40 +244,55 @@ class OpenAIChatModel:
         return kwargs
 
     async def _stream(self, request: ModelRequest, on_text: OnText | None, mode: str | None) -> ModelResponse:
-        kwargs = self._kwargs(request, mode)
+        body = self._kwargs(request, mode)
         text = ""
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
         model = self.name
         usage = Usage()
-        stream = await self.client.chat.completions.create(**kwargs)
-        async with stream:
-            async for chunk in stream:
-                if chunk.model:
-                    model = chunk.model
-                if chunk.usage is not None:
-                    usage = _usage(chunk.usage)
-                for choice in chunk.choices or ():
-                    delta = choice.delta
-                    if delta is not None:
-                        piece = delta.content or getattr(delta, "refusal", None)
-                        if piece:
-                            text += piece
-                            if on_text is not None:
-                                await on_text(text)
-                        for tc in delta.tool_calls or ():
-                            slot = calls.setdefault(tc.index if tc.index is not None else len(calls),
-                                                    {"id": "", "name": "", "args": []})
-                            if tc.id:
-                                slot["id"] = tc.id
-                            fn = tc.function
-                            if fn is not None:
-                                if fn.name:
-                                    slot["name"] += fn.name
-                                if fn.arguments:
-                                    slot["args"].append(fn.arguments)
-                    if choice.finish_reason:
-                        finish = choice.finish_reason
+        # The raw SSE lines, parsed here (as the Anthropic adapter reads its raw events): the
+        # SDK would transform the whole request through its TypedDicts and build a pydantic
+        # chunk model per event, ~2.6× our own client CPU per streamed call (bench/README.md,
+        # §9). The body goes as extra_body (sent as given); errors before the stream are the
+        # SDK's APIStatusError as usual, an error event inside it is ours to raise.
+        async with self.client.chat.completions.with_streaming_response.create(
+                model=body.pop("model"), messages=[], extra_body=body) as response:
+            async for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk and not chunk.get("choices"):
+                    err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+                    msg = str(err.get("message") or "an error event in the stream")
+                    kind = "overloaded" if "overload" in msg.lower() else "rate_limited" \
+                        if "rate" in str(err.get("code") or err.get("type") or "") else "server"
+                    raise ModelFailure(kind, msg)
+                model = chunk.get("model") or model
+                if chunk.get("usage"):
+                    usage = _usage_dict(chunk["usage"])
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content") or delta.get("refusal")
+                    if piece:
+                        text += piece
+                        if on_text is not None:
+                            await on_text(text)
+                    for tc in delta.get("tool_calls") or ():
+                        index = tc.get("index")
+                        slot = calls.setdefault(index if index is not None else len(calls),
+                                                {"id": "", "name": "", "args": []})
+                        if tc.get("id"):
+                            slot["id"] = tc["id"]
+                        fn = tc.get("function") or {}
+                        if fn.get("name"):
+                            slot["name"] += fn["name"]
+                        if fn.get("arguments"):
+                            slot["args"].append(fn["arguments"])
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
         content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
         for i in sorted(calls):
             slot = calls[i]
@@ -347,12 +362,10 @@ class OpenAIChatModel:
         await self.client.close()
 
 
-def _usage(u: Any) -> Usage:
-    prompt = int(getattr(u, "prompt_tokens", 0) or 0)
-    completion = int(getattr(u, "completion_tokens", 0) or 0)
-    details = getattr(u, "prompt_tokens_details", None)
-    cached = int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
-    extra = getattr(u, "model_extra", None) or {}
-    if not cached and extra.get("prompt_cache_hit_tokens"):   # DeepSeek's names
-        cached = int(extra["prompt_cache_hit_tokens"] or 0)
+def _usage_dict(u: dict[str, Any]) -> Usage:
+    prompt = int(u.get("prompt_tokens") or 0)
+    completion = int(u.get("completion_tokens") or 0)
+    cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if not cached and u.get("prompt_cache_hit_tokens"):     # DeepSeek's names
+        cached = int(u["prompt_cache_hit_tokens"] or 0)
     return Usage(input_tokens=max(0, prompt - cached), output_tokens=completion, cache_read_tokens=cached)
