@@ -233,8 +233,11 @@ async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake, caplog)
     gate = threading.Event()
 
     def slow_summary(req):
+        # Before the restart a compression is held, not merely slow: a fixed few seconds let the
+        # first one finish (and commit) while a loaded machine was still sending the 11 turns.
+        # The shutdown below cancels it; the fake's stop wakes it at teardown.
         if not gate.is_set():
-            return Delay(5.0, _tool(SUMMARY_TOOL, summary_answer(req)))
+            return Delay(600.0, _tool(SUMMARY_TOOL, summary_answer(req)))
         return _tool(SUMMARY_TOOL, summary_answer(req))
 
     fake.clear()
@@ -244,7 +247,7 @@ async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake, caplog)
     for i in range(1, 12):                       # 11 complete turns: 3 compressions due
         await w.chat(f"q{i}", wait=False)
     sid = w.session_id
-    await fake.wait_for_requests_async(1, kind="tool")   # the first compression is in flight
+    await fake.wait_for_requests_async(1, timeout=60, kind="tool")   # the first compression is in flight
     assert await w.close(drain=0.2) is False     # shutdown deadline: in-flight work cancelled
     # the operator's line counts what was cut off, not what is left after cancelling it
     assert re.search(r"consolidation_drain_timeout left=[1-9]", caplog.text), caplog.text
@@ -258,7 +261,7 @@ async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake, caplog)
     w2 = await World(path, fake, config=SMALL).open()
     try:
         assert await w2.queue.recover() >= 1
-        await w2.queue.wait_idle(10)
+        await w2.queue.wait_idle(60)
         rows = await w2.warm_rows(sid)
         # 11 turns, hot 3, batch 2: q1..q8 compressed in 4 batches; extraction after 4 warm turns
         assert [r["summary"] for r in rows] == ["SUM(q1,q2)", "SUM(q3,q4)", "SUM(q5,q6)", "SUM(q7,q8)"]
@@ -270,7 +273,7 @@ async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake, caplog)
         await w2.close()
         w3 = await World(path, fake, config=SMALL).open()
         await w3.queue.recover()
-        await w3.queue.wait_idle(10)
+        await w3.queue.wait_idle(60)
         assert len(fake.requests) == n
         assert len(await w3.warm_rows(sid)) == 4
         await w3.close()
