@@ -20,6 +20,17 @@ token at full price). Billed-equivalent input tokens = input + 1.25 × cache wri
 reads (Anthropic's 5-minute-cache prices). Counted over turns 12–100: from turn 12 on the old
 layout's sliding window was measured to share 0–2 leading messages between consecutive requests.
 
+The same two conversations then run on the OpenAI-compatible path (``ETHAN_PROVIDER=openai
+ETHAN_MODEL=gpt-4o``: ``OpenAIChatModel`` and the real ``openai`` SDK, consolidation routed to
+``gpt-4o-mini`` as ``build_models`` routes it) against ``tests/fakes/fake_openai.py``, which
+simulates OpenAI's automatic prefix caching (longest prefix seen before, from 1,024 tokens in
+128-token steps, ``prompt_tokens_details.cached_tokens``). The cache markers are stripped by the
+adapter; what is cached is whatever prefix the prompt layout keeps stable. Caching **off** there is
+``FakeOpenAI.cache_min_tokens`` set past any prompt (nothing is ever cached). OpenAI charges nothing
+for writing the cache and bills cached input at 0.5× for gpt-4o (OpenAI's pricing page: $1.25 vs
+$2.50 per 1M; 0.25× on gpt-4.1, 0.1× on gpt-5): billed-equivalent = uncached + 0.5 × cached. The
+read share is the cached tokens the adapter got back in the usage (``Usage.cache_read_tokens``).
+
     python -m bench.bench_cost [--quick]
 """
 
@@ -53,12 +64,17 @@ from memory.profile import ProfileStore  # noqa: E402
 from memory.scope import Scope  # noqa: E402
 from memory.sessions import SessionStore  # noqa: E402
 from memory.working import MemoryConfig, WorkingMemory  # noqa: E402
+from bot.llm.openai_model import OpenAIChatModel  # noqa: E402
+from bot.llm.openai_model import make_client as openai_client  # noqa: E402
 from tests.fakes.fake_anthropic import FakeAnthropic, Text, last_user_text, system_text  # noqa: E402
+from tests.fakes.fake_openai import CACHE_MIN_TOKENS, FakeOpenAI  # noqa: E402
 
 SEED = 20261201
 MODEL = "claude-sonnet-4-6"
+OPENAI_MODEL = "gpt-4o"
 FIRST_COUNTED = 12
 WRITE_PRICE, READ_PRICE = 1.25, 0.1
+OPENAI_READ_PRICE = 0.5     # gpt-4o cached input; OpenAI bills no cache writes
 
 MEDIUM_LINES = [
     "帮我把这周的周报整理一下", "订单服务拆分先做哪个模块？", "接口延迟涨了该怎么查",
@@ -114,15 +130,27 @@ def _install(fake: FakeAnthropic) -> None:
 async def _conversation(fake: FakeAnthropic, lines: list[str], turns: int, *, caching: bool,
                         pause_every: int = 0) -> list[dict]:
     """One conversation; per turn the summed usage of its chat requests (tool rounds included).
-    ``pause_every``: before every n-th turn the user is away 6 minutes (past the 5-minute TTL)."""
+    ``pause_every``: before every n-th turn the user is away 6 minutes (past the 5-minute TTL).
+    ``fake`` a FakeOpenAI: the OpenAI-compatible path (module docstring)."""
+    openai_path = isinstance(fake, FakeOpenAI)
     fake.clear()
     _install(fake)
     fake.caching = caching
+    if openai_path:
+        # OpenAI caches on its own: off = a minimum no prompt reaches
+        fake.cache_min_tokens = CACHE_MIN_TOKENS if caching else 10 ** 9
     rng = random.Random(SEED)
     out: list[dict] = []
     with temp_home("ethan-bench-cost-") as home:
         db = await Database(home / "ethan.db").open()
-        client = make_client(api_key="bench", base_url=fake.base_url)
+        if openai_path:
+            client = openai_client(api_key="bench", base_url=fake.base_url)
+            chat_model = OpenAIChatModel(client, OPENAI_MODEL)
+            consolidation_model = OpenAIChatModel(client, route_consolidation_model(OPENAI_MODEL))
+        else:
+            client = make_client(api_key="bench", base_url=fake.base_url)
+            chat_model = AnthropicChatModel(client, MODEL)
+            consolidation_model = AnthropicChatModel(client, route_consolidation_model(MODEL))
         try:
             sessions = SessionStore(db)
             working = WorkingMemory(db, sessions, MemoryConfig())
@@ -130,10 +158,10 @@ async def _conversation(fake: FakeAnthropic, lines: list[str], turns: int, *, ca
             procedures, modes = ProcedureStore(db), ModeStore(db)
             queue = ConsolidationQueue(db=db, sessions=sessions, working=working, facts=facts, profile=profile,
                                        episodes=episodes, modes=modes,
-                                       consolidator=Consolidator(AnthropicChatModel(client, route_consolidation_model(MODEL))))
+                                       consolidator=Consolidator(consolidation_model))
             memory = Memory(db=db, sessions=sessions, working=working, facts=facts, procedures=procedures,
                             profile=profile, episodes=episodes, modes=modes, queue=queue)
-            agent = Agent(memory, AnthropicChatModel(client, MODEL), deadline=60)
+            agent = Agent(memory, chat_model, deadline=60)
             scope = Scope(user_id="ou_cost", chat_id="oc_p2p_cost", chat_type="p2p")
             # a user with history: a rule, a profile, and earlier sessions' episodes to recall
             await procedures.add(scope, "回答先给结论，再给细节", context="用户明确要求")
@@ -159,6 +187,13 @@ async def _conversation(fake: FakeAnthropic, lines: list[str], turns: int, *, ca
                     usage["input"] += r.usage.get("input_tokens", 0)
                     usage["read"] += r.usage.get("cache_read_input_tokens", 0)
                     usage["write"] += r.usage.get("cache_creation_input_tokens", 0)
+                if openai_path:
+                    # the fake records no usage split; the adapter's reading of the wire usage
+                    # (prompt - cached, cached) is what the bot would bill and show
+                    usage["input"] = result.usage["input_tokens"]
+                    usage["read"] = result.usage["cache_read_tokens"]
+                    assert usage["input"] + usage["read"] == usage["prompt"], usage
+                    usage["openai"] = True
                 out.append(usage)
                 await queue.wait_idle(60)
             await queue.drain(5)
@@ -169,6 +204,8 @@ async def _conversation(fake: FakeAnthropic, lines: list[str], turns: int, *, ca
 
 
 def billed(u: dict) -> float:
+    if u.get("openai"):
+        return u["input"] + OPENAI_READ_PRICE * u["read"]
     return u["input"] + WRITE_PRICE * u["write"] + READ_PRICE * u["read"]
 
 
@@ -186,27 +223,22 @@ async def _run(quick: bool) -> tuple[list[str], dict]:
             results[name] = (on, off)
     finally:
         fake.stop()
+    # The OpenAI-compatible path: the same conversations (no TTL row: the fake keeps prefixes)
+    ofake = FakeOpenAI()
+    ofake.start()
+    oresults: dict[str, tuple[list[dict], list[dict]]] = {}
+    try:
+        for name, lines in (("medium", MEDIUM_LINES), ("full", FULL_LINES)):
+            on = await _conversation(ofake, lines, turns, caching=True)
+            off = await _conversation(ofake, lines, turns, caching=False)
+            oresults[name] = (on, off)
+    finally:
+        ofake.stop()
     elapsed = time.perf_counter() - t0
-    rows, summary = [], {}
-    for name, (on, off) in results.items():
-        on_c = [u for u in on if u["turn"] >= FIRST_COUNTED]
-        off_c = [u for u in off if u["turn"] >= FIRST_COUNTED]
-        paths = sorted({u["path"] for u in on_c})
-        prompt = sum(u["prompt"] for u in on_c)
-        share = sum(u["read"] for u in on_c) / prompt if prompt else 0.0
-        billed_on = sum(billed(u) for u in on_c) / len(on_c)
-        billed_off = sum(billed(u) for u in off_c) / len(off_c)
-        hits = sum(1 for u in on_c if u["read"] > 0)
-        per_turn_share = [u["read"] / u["prompt"] for u in on_c if u["prompt"]]
-        summary[name] = {"share": share, "ratio": billed_on / billed_off if billed_off else 0.0}
-        rows.append((
-            f"**{name}** ({'/'.join(paths)})", f"{len(on_c)}",
-            f"{prompt / len(on_c):,.0f}", f"**{share:.1%}**",
-            f"{percentile(per_turn_share, 10):.0%} / {percentile(per_turn_share, 50):.0%}",
-            f"{hits} of {len(on_c)}",
-            f"{sum(u['write'] for u in on_c) / len(on_c):,.0f}", f"{sum(u['input'] for u in on_c) / len(on_c):,.0f}",
-            f"{billed_on:,.0f}", f"{billed_off:,.0f}", f"**{billed_on / billed_off:.2f}×**",
-        ))
+    rows, summary = _rows(results, summary_key="")
+    orows, osummary = _rows(oresults, summary_key="openai ")
+    summary.update(osummary)
+    orows = [r[:6] + r[7:] for r in orows]      # no "written" column: OpenAI writes for free
     lines = [
         "### 8. Prompt-cache cost over a 100-turn conversation" if not quick else
         "### 8. Prompt-cache cost over a 40-turn conversation (quick)",
@@ -223,11 +255,52 @@ async def _run(quick: bool) -> tuple[list[str], dict]:
                 "turns with a cache hit", "written / turn", "uncached / turn", "billed-eq / turn (cached)",
                 "billed-eq / turn (caching off)", "cached ÷ off"], rows),
         "",
-        "The OpenAI-compatible path's automatic prefix caching (`prompt_tokens_details.cached_tokens`) is not "
-        "measured here: no OpenAI adapter or fake on this branch yet (the `model` helper's issue 14). "
-        f"Run took {elapsed:.1f} s.",
+        f"The OpenAI-compatible path (`ETHAN_PROVIDER=openai ETHAN_MODEL={OPENAI_MODEL}`, consolidation on "
+        f"`{route_consolidation_model(OPENAI_MODEL)}`): the same conversations through `OpenAIChatModel` and the "
+        "`openai` SDK against FakeOpenAI's automatic prefix caching (longest prefix seen before, from 1,024 "
+        "tokens in 128-token steps, `prompt_tokens_details.cached_tokens`); caching off = no prefix ever "
+        f"cached. Billed-equivalent input = uncached + {OPENAI_READ_PRICE} × cached (gpt-4o's cached-input "
+        "price; writes are free; 0.25× on gpt-4.1, 0.1× on gpt-5 would save more).",
+        "",
+        *table(["conversation", "turns", "prompt tokens / turn", "read from cache", "per-turn share p10 / p50",
+                "turns with a cache hit", "uncached / turn", "billed-eq / turn (cached)",
+                "billed-eq / turn (caching off)", "cached ÷ off"], orows),
+        "",
+        "At the other OpenAI cached-input prices the same shares give: "
+        + "; ".join(f"{name}: {_at(osummary['openai ' + name]['share'], 0.25):.2f}× at 0.25× (gpt-4.1), "
+                    f"{_at(osummary['openai ' + name]['share'], 0.1):.2f}× at 0.1× (gpt-5)" for name in oresults)
+        + f". Run took {elapsed:.1f} s.",
     ]
     return lines, summary
+
+
+def _at(share: float, read_price: float) -> float:
+    """Billed-equivalent ÷ caching off on a provider that charges nothing for writes."""
+    return 1 - share + read_price * share
+
+
+def _rows(results: dict[str, tuple[list[dict], list[dict]]], *, summary_key: str) -> tuple[list[tuple], dict]:
+    rows, summary = [], {}
+    for name, (on, off) in results.items():
+        on_c = [u for u in on if u["turn"] >= FIRST_COUNTED]
+        off_c = [u for u in off if u["turn"] >= FIRST_COUNTED]
+        paths = sorted({u["path"] for u in on_c})
+        prompt = sum(u["prompt"] for u in on_c)
+        share = sum(u["read"] for u in on_c) / prompt if prompt else 0.0
+        billed_on = sum(billed(u) for u in on_c) / len(on_c)
+        billed_off = sum(billed(u) for u in off_c) / len(off_c)
+        hits = sum(1 for u in on_c if u["read"] > 0)
+        per_turn_share = [u["read"] / u["prompt"] for u in on_c if u["prompt"]]
+        summary[summary_key + name] = {"share": share, "ratio": billed_on / billed_off if billed_off else 0.0}
+        rows.append((
+            f"**{name}** ({'/'.join(paths)})", f"{len(on_c)}",
+            f"{prompt / len(on_c):,.0f}", f"**{share:.1%}**",
+            f"{percentile(per_turn_share, 10):.0%} / {percentile(per_turn_share, 50):.0%}",
+            f"{hits} of {len(on_c)}",
+            f"{sum(u['write'] for u in on_c) / len(on_c):,.0f}", f"{sum(u['input'] for u in on_c) / len(on_c):,.0f}",
+            f"{billed_on:,.0f}", f"{billed_off:,.0f}", f"**{billed_on / billed_off:.2f}×**",
+        ))
+    return rows, summary
 
 
 def run(quick: bool = False) -> list[str]:
