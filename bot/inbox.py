@@ -1,8 +1,10 @@
 """The inbox: every accepted Lark event is committed here before it is acknowledged.
 
-It is also the dedup store that survives restarts: ``event_id`` and ``message_id``
-are both unique, so a redelivery (same event) or a re-send under a new event id
-(same message) is recognised for as long as rows are kept (24 h > Lark's 8 h rule).
+It is also the dedup store that survives restarts: ``event_id`` and ``dedup_key`` (the
+event's kind and the message it is about: ``msg:om_…``, ``recall:om_…``) are both unique,
+so a redelivery (same event) or a re-send under a new event id (same message) is recognised
+for as long as rows are kept (24 h > Lark's 8 h rule), while a later, different event about
+the same message (its recall) is not mistaken for a duplicate.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Inbox:
     async def accept(
         self, *, event_id: str, message_id: str | None, chat_id: str, conv_key: str,
         create_time: float, payload: str, status: str = "pending", note: str = "",
+        event_type: str = "im.message.receive_v1", dedup_key: str | None = "",
     ) -> InboxItem | None:
         """Store the event (committed when this returns); None when it (or its message) was
         seen before.
@@ -50,7 +53,10 @@ class Inbox:
         thread are committed together, in arrival order, in one transaction and one round
         trip — under a burst (Lark redelivering after an outage, a busy group) the cost per
         acknowledgement falls instead of every event queueing for its own BEGIN … COMMIT."""
-        row = (event_id, message_id, chat_id, conv_key, create_time, self.clock(), payload, status, note)
+        if dedup_key == "":     # the caller did not say: a new message's key
+            dedup_key = f"msg:{message_id}" if message_id else None
+        row = (event_id, message_id, chat_id, conv_key, create_time, self.clock(), payload, status, note,
+               event_type, dedup_key)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._batch.append((row, future))
         if self._flusher is None:
@@ -125,7 +131,8 @@ def _insert_rows(conn, rows: list[tuple]) -> list[int | None]:
         try:
             cur = conn.execute(
                 "INSERT INTO inbox(event_id, message_id, chat_id, conv_key, create_time,"
-                " received_at, payload, status, note) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING", row)
+                " received_at, payload, status, note, event_type, dedup_key)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING", row)
         except sqlite3.IntegrityError as e:
             # This row only (SQLite undoes the one statement): the rest of the group commits.
             out.append(e)

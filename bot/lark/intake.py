@@ -15,10 +15,10 @@ from pydantic import ValidationError
 
 from bot.dispatch import Dispatcher
 from bot.inbox import STALE_SECONDS, Inbox
-from bot.lark.events import MESSAGE_RECEIVE, Envelope, MessageEvent
-from bot.lark.normalize import epoch_seconds, has_surrogates, scrub
+from bot.lark import events
+from bot.lark.events import Envelope
+from bot.lark.normalize import has_surrogates, scrub
 from bot.log import get_logger
-from memory.scope import conversation_key
 
 log = get_logger("ethan.intake")
 
@@ -97,23 +97,27 @@ class Intake:
             log.warning("event.invalid", error=str(e)[:200])
             return IntakeResult("invalid", "not a schema 2.0 event")
         bound = log.bind(event_id=env.header.event_id, event_type=env.header.event_type)
-        if env.header.event_type != MESSAGE_RECEIVE:
-            bound.info("event.ignored", reason="unhandled event type")
-            return IntakeResult("ignored", "unhandled event type")
         try:
-            msg = MessageEvent.model_validate(env.event).message
+            parsed = events.parse(env)
         except ValidationError as e:
             bound.warning("event.invalid", error=str(e)[:200])
-            return IntakeResult("invalid", "message event without message")
-        conv = conversation_key(msg.chat_id, msg.thread_id or "")
-        create_time = epoch_seconds(msg.create_time) or epoch_seconds(env.header.create_time) or self.clock()
-        stale = self.clock() - create_time > STALE_SECONDS
+            return IntakeResult("invalid", "event body does not fit its type")
+        if parsed is None:
+            bound.info("event.ignored", reason="unhandled event type")
+            return IntakeResult("ignored", "unhandled event type")
+        spec, ev = parsed
+        r = spec.route(ev, env.header)
+        create_time = r.create_time or self.clock()
+        # Only messages go stale: a recall or a click is about something already stored.
+        stale = spec.kind == "message" and self.clock() - create_time > STALE_SECONDS
         item = await self.inbox.accept(
-            event_id=env.header.event_id, message_id=msg.message_id, chat_id=msg.chat_id,
-            conv_key=conv, create_time=create_time, payload=raw,
+            event_id=env.header.event_id, message_id=r.message_id, chat_id=r.chat_id,
+            conv_key=r.conv_key, create_time=create_time, payload=raw,
             status="ignored" if stale else "pending", note="older than 30 minutes" if stale else "",
+            event_type=spec.event_type, dedup_key=r.dedup_key,
         )
-        bound = bound.bind(message_id=msg.message_id, chat_id=msg.chat_id)
+        conv = r.conv_key
+        bound = bound.bind(message_id=r.message_id or "", chat_id=r.chat_id)
         if item is None:
             bound.info("event.duplicate")
             return IntakeResult("duplicate")

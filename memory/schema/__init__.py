@@ -14,4 +14,5 @@ MIGRATIONS: list[str] = [
     sessions.V2,   # index for resolving short session ids by their tail
     core.V3,       # outbox.card_id: the card a crashed reply was streaming into
     episodic.V4 + facts.V4,  # episodes index their turns (episode_chunks + FTS), dates; fact_sources
+    core.V5,       # inbox dedup keyed on the event (dedup_key), chat_greetings
 ]

@@ -59,3 +59,45 @@ V3 = """
 ALTER TABLE outbox ADD COLUMN card_id TEXT;
 CREATE INDEX outbox_created ON outbox(created_at);
 """
+
+# Deduplication keyed on the event (DESIGN.md §5): message_id is no longer unique — a recall
+# (or any later event) about a stored message must not be dropped as its duplicate. The
+# unique dedup_key is "<kind>:<message_id>" ("msg:om_…" for a new message, "recall:om_…"),
+# NULL for events deduplicated by event_id alone. SQLite cannot drop a UNIQUE constraint in
+# place, so the table is rebuilt; existing rows keep their ids and become "msg:" keys.
+# chat_greetings: the p2p chats already greeted (bot_p2p_chat_entered_v1 greets once; the
+# inbox forgets after 24 h, this does not).
+V5 = """
+CREATE TABLE inbox_v4 (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id      TEXT NOT NULL UNIQUE,
+    event_type    TEXT NOT NULL DEFAULT 'im.message.receive_v1',
+    message_id    TEXT,
+    dedup_key     TEXT UNIQUE,
+    chat_id       TEXT NOT NULL DEFAULT '',
+    conv_key      TEXT NOT NULL DEFAULT '',
+    create_time   REAL NOT NULL,
+    received_at   REAL NOT NULL,
+    payload       TEXT NOT NULL,
+    status        TEXT NOT NULL DEFAULT 'pending'
+                  CHECK (status IN ('pending', 'done', 'ignored', 'failed')),
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    done_at       REAL,
+    note          TEXT
+);
+INSERT INTO inbox_v4(id, event_id, event_type, message_id, dedup_key, chat_id, conv_key, create_time,
+                     received_at, payload, status, attempts, done_at, note)
+    SELECT id, event_id, 'im.message.receive_v1', message_id,
+           CASE WHEN message_id IS NULL THEN NULL ELSE 'msg:' || message_id END,
+           chat_id, conv_key, create_time, received_at, payload, status, attempts, done_at, note
+    FROM inbox;
+DROP TABLE inbox;
+ALTER TABLE inbox_v4 RENAME TO inbox;
+CREATE INDEX inbox_pending ON inbox(status, received_at);
+CREATE INDEX inbox_message ON inbox(message_id);
+CREATE TABLE chat_greetings (
+    chat_id       TEXT PRIMARY KEY,
+    kind          TEXT NOT NULL,             -- p2p | group
+    at            REAL NOT NULL
+);
+"""
