@@ -559,6 +559,8 @@ class FakeLark(ThreadedAiohttpServer):
         self._card_uuids: dict[tuple[str, str], str] = {}
         self._card_started: dict[str, float] = {}
         self._reactions: list[dict] = []
+        self._resources: dict[tuple[str, str], tuple[bytes, str]] = {}   # (message_id, key) -> bytes
+        self._children: dict[str, list[dict]] = {}   # merge_forward bundle -> its children
         self._ids = itertools.count(1)
         self._log_ids = itertools.count(1)
 
@@ -771,6 +773,8 @@ class FakeLark(ThreadedAiohttpServer):
             self._card_uuids.clear()
             self._card_started.clear()
             self._reactions.clear()
+            self._resources.clear()
+            self._children.clear()
 
     # ---- server -------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
@@ -790,6 +794,7 @@ class FakeLark(ThreadedAiohttpServer):
             ("PATCH", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)", "_h_patch", True),
             ("PUT", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)", "_h_update", True),
             ("GET", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)", "_h_get", True),
+            ("GET", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)/resources/(?P<key>[^/]+)", "_h_resource", True),
             ("DELETE", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)", "_h_delete", True),
             ("POST", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)/reactions", "_h_react", True),
             ("DELETE", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)/reactions/(?P<rid>[^/]+)", "_h_unreact", True),
@@ -853,7 +858,11 @@ class FakeLark(ThreadedAiohttpServer):
             return self._fault_response(request, call, fault)
 
         try:
-            status, payload, headers = self._route(request, call, parsed)
+            routed = self._route(request, call, parsed)
+            if isinstance(routed, web.StreamResponse):   # a resource's bytes, not JSON
+                call.status = routed.status
+                return routed
+            status, payload, headers = routed
         except Exception as exc:  # a bug in the fake: answer 500 and remember it
             import traceback
 
@@ -1113,7 +1122,57 @@ class FakeLark(ThreadedAiohttpServer):
 
     def _h_get(self, call, body, mid):
         m = self._lookup(mid, allow_unknown=False)
-        return self._ok({"items": [self._message_data(m)]})
+        items = [self._message_data(m)]
+        # A merged forward: Lark lists the bundle and then its children, each naming the
+        # bundle as its upper_message_id.
+        for child in self._children.get(mid, []):
+            items.append(dict(child, upper_message_id=mid))
+        return self._ok({"items": items})
+
+    def _h_resource(self, call, body, mid, key):
+        kind = call.query.get("type")
+        if kind not in ("image", "file"):
+            raise _Reject(234001, "Invalid request param: type must be image or file")
+        with self._lock:
+            res = self._resources.get((mid, key))
+        if res is None:
+            raise _Reject(234003, "File not in msg.")   # Lark's answer for a key not in this message
+        data, content_type = res
+        return web.Response(status=200, body=data, content_type=content_type,
+                            headers={"X-Tt-Logid": self._log_id(),
+                                     "Content-Disposition": f'attachment; filename="{key}"'})
+
+    # ---- resources and forwarded bundles -------------------------------------------------
+    def add_resource(self, message_id: str, key: str, data: bytes,
+                     content_type: str = "application/octet-stream") -> None:
+        """Serve ``data`` at GET /open-apis/im/v1/messages/{message_id}/resources/{key}."""
+        with self._lock:
+            self._resources[(message_id, key)] = (data, content_type)
+
+    def add_forward(self, message_id: str, chat_id: str, children: list[dict]) -> None:
+        """Make ``message_id`` a merge_forward bundle with ``children``: dicts with ``sender``
+        (open_id), ``text`` (or ``msg_type`` + ``content``) and ``create_ms``."""
+        rows = []
+        for i, c in enumerate(children):
+            msg_type = c.get("msg_type", "text")
+            content = c.get("content") or json.dumps({"text": c.get("text", "")}, ensure_ascii=False)
+            rows.append({
+                "message_id": c.get("message_id") or f"{message_id}_c{i}", "root_id": "", "parent_id": "",
+                "thread_id": "", "msg_type": msg_type, "create_time": str(c.get("create_ms", int(time.time() * 1000))),
+                "update_time": str(c.get("create_ms", int(time.time() * 1000))), "deleted": False,
+                "updated": False, "chat_id": c.get("chat_id", "oc_forward_src"),
+                "sender": {"id": c.get("sender", "ou_bob"), "id_type": "open_id", "sender_type": "user",
+                           "tenant_key": "tk_fake"},
+                "body": {"content": content}, "mentions": [],
+            })
+        with self._lock:
+            self._children[message_id] = rows
+            if message_id not in self._msgs:
+                now = time.time()
+                self._msgs[message_id] = _Msg(
+                    message_id, "inbound", chat_id, None, None, None, False, "", "", "", "merge_forward",
+                    json.dumps({"content": "Merged and Forwarded Message"}), {}, None, now, int(now * 1000),
+                    current_type="merge_forward", inbound=True)
 
     def _h_delete(self, call, body, mid):
         m = self._lookup(mid, allow_unknown=False)

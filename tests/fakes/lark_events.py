@@ -39,6 +39,13 @@ __all__ = [
     "fixtures_dir",
     "load_fixture",
     "make_text_event",
+    "make_image_event",
+    "make_file_event",
+    "make_forward_event",
+    "make_recalled_event",
+    "make_bot_added_event",
+    "make_p2p_entered_event",
+    "make_card_action_event",
     "mention",
     "now_ms",
     "sign",
@@ -195,6 +202,75 @@ def make_text_event(
             "message": message,
         },
     }
+
+
+def _envelope(event_type: str, event: dict, *, event_id: str | None = None, app_id: str = "cli_test",
+              tenant_key: str = "tk_demo", token: str = "vtoken", create_time_ms: int | None = None) -> dict:
+    return {
+        "schema": "2.0",
+        "header": {"event_id": event_id or f"ev_{_fresh_suffix()}", "event_type": event_type,
+                   "create_time": str(create_time_ms if create_time_ms is not None else now_ms()),
+                   "token": token, "app_id": app_id, "tenant_key": tenant_key},
+        "event": event,
+    }
+
+
+def _user_id(open_id: str) -> dict:
+    local = open_id.split("_", 1)[-1]
+    return {"open_id": open_id, "union_id": f"on_{local}", "user_id": local}
+
+
+def make_image_event(image_key: str, *, chat_id: str, **kw) -> dict:
+    """An ``image`` message (content ``{"image_key": …}``), as image.json."""
+    return make_text_event("", chat_id=chat_id, message_type="image", content={"image_key": image_key}, **kw)
+
+
+def make_file_event(file_key: str, file_name: str, *, chat_id: str, **kw) -> dict:
+    """A ``file`` message (content ``{"file_key": …, "file_name": …}``)."""
+    return make_text_event("", chat_id=chat_id, message_type="file",
+                           content={"file_key": file_key, "file_name": file_name}, **kw)
+
+
+def make_forward_event(*, chat_id: str, **kw) -> dict:
+    """A ``merge_forward`` message: its content names no children; they are fetched."""
+    return make_text_event("", chat_id=chat_id, message_type="merge_forward",
+                           content={"content": "Merged and Forwarded Message"}, **kw)
+
+
+def make_recalled_event(message_id: str, *, chat_id: str, recall_type: str = "message_owner",
+                        **kw) -> dict:
+    """``im.message.recalled_v1`` (lark_oapi P2ImMessageRecalledV1Data)."""
+    return _envelope("im.message.recalled_v1", {
+        "message_id": message_id, "chat_id": chat_id, "recall_time": str(now_ms()),
+        "recall_type": recall_type}, **kw)
+
+
+def make_bot_added_event(chat_id: str, *, operator: str = "ou_alice", name: str = "Team",
+                         deleted: bool = False, **kw) -> dict:
+    """``im.chat.member.bot.added_v1`` (or ``…deleted_v1``)."""
+    kind = "deleted" if deleted else "added"
+    return _envelope(f"im.chat.member.bot.{kind}_v1", {
+        "chat_id": chat_id, "operator_id": _user_id(operator), "external": False,
+        "operator_tenant_key": "tk_demo", "name": name}, **kw)
+
+
+def make_p2p_entered_event(chat_id: str, *, operator: str = "ou_alice", **kw) -> dict:
+    """``im.chat.access_event.bot_p2p_chat_entered_v1``."""
+    return _envelope("im.chat.access_event.bot_p2p_chat_entered_v1", {
+        "chat_id": chat_id, "operator_id": _user_id(operator), "last_message_id": "",
+        "last_message_create_time": ""}, **kw)
+
+
+def make_card_action_event(value: dict, *, chat_id: str, message_id: str, operator: str = "ou_alice",
+                           **kw) -> dict:
+    """``card.action.trigger``: a click on a button of the bot's card (new-style callback)."""
+    local = operator.split("_", 1)[-1]
+    return _envelope("card.action.trigger", {
+        "operator": {"tenant_key": "tk_demo", "user_id": local, "open_id": operator,
+                     "union_id": f"on_{local}"},
+        "token": f"c-{_fresh_suffix()}", "action": {"value": value, "tag": "button"},
+        "host": "im_message", "delivery_type": "",
+        "context": {"open_message_id": message_id, "open_chat_id": chat_id}}, **kw)
 
 
 def url_verification(challenge: str, token: str) -> dict:
