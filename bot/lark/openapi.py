@@ -469,3 +469,58 @@ class OpenApi:
         if not open_id:
             raise LarkApiError(NO_CODE, "bot info without open_id", http_status=200, path=BOT_INFO_PATH)
         return BotInfo(open_id=open_id, app_name=str(bot.get("app_name") or ""))
+
+    async def download(self, message_id: str, key: str, *, kind: str, max_bytes: int) -> tuple[bytes, str]:
+        """A message's image or file (``GET /open-apis/im/v1/messages/{id}/resources/{key}
+        ?type=image|file``): its bytes and content type. Read in chunks and abandoned past
+        ``max_bytes`` (``ResourceTooLarge``), so an oversized upload never sits in memory whole.
+        Errors come back as JSON (``LarkApiError``, e.g. 234003 key not in message, 99991672
+        missing the im:resource scope)."""
+        path = f"/open-apis/im/v1/messages/{urllib.parse.quote(message_id, safe='')}/resources/{urllib.parse.quote(key, safe='')}"
+        for attempt in (1, 2):
+            token = await self.tenant_token(force=attempt == 2)
+            try:
+                async with self.http.request(
+                    "GET", self.domain + path, params=[("type", kind)],
+                    headers={"Authorization": f"Bearer {token}"}, timeout=self._client_timeout,
+                ) as resp:
+                    ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+                    if resp.status == 200 and ctype != "application/json":
+                        length = resp.content_length
+                        if length is not None and length > max_bytes:
+                            raise ResourceTooLarge(length)
+                        chunks, size = [], 0
+                        async for chunk in resp.content.iter_chunked(64 * 1024):
+                            size += len(chunk)
+                            if size > max_bytes:
+                                raise ResourceTooLarge(size)
+                            chunks.append(chunk)
+                        return b"".join(chunks), ctype
+                    raw = await resp.read()
+                    status, headers = resp.status, resp.headers
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                raise LarkApiError(NO_CODE, f"{type(e).__name__}: {e}", path=path) from e
+            try:
+                body = jsonlib.loads(raw)
+            except ValueError:
+                body = None
+            body = body if isinstance(body, dict) else {}
+            try:
+                code = int(body.get("code", NO_CODE))
+            except (TypeError, ValueError):
+                code = NO_CODE
+            err = LarkApiError(code, str(body.get("msg") or f"HTTP {status}"), http_status=status,
+                               log_id=headers.get(LOG_ID_HEADER), retry_after_s=_retry_after(headers),
+                               path=path)
+            if err.category is Category.TOKEN and attempt == 1:
+                continue
+            raise err
+        raise AssertionError("unreachable")
+
+
+class ResourceTooLarge(Exception):
+    """A downloaded resource passed its size cap (bytes seen so far, or the declared length)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"resource larger than the cap ({size} bytes seen)")
+        self.size = size
