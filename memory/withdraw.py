@@ -1,0 +1,112 @@
+"""A recalled (withdrawn) message leaves memory, in one transaction.
+
+``withdraw_message(db, message_id)`` — the transport's id of a user's message that its sender
+recalled — removes:
+
+* the message and the bot's answer to it (the assistant messages after it, up to the next
+  user message: the answer usually repeats what was recalled) from session history; the
+  search index follows through the ``messages_fts`` triggers (and is optimised afterwards,
+  so no tombstoned tokens linger);
+* the hot zone is those messages, so it follows; warm summaries whose range covers them are
+  dropped (their turns are replayed or re-summarised by the next consolidation), and the
+  rolling summary is cleared when it was built past them;
+* facts and profile entries whose provenance is that message (``message_id``: where it was
+  learned; one learned again elsewhere names the later message and stays), with their
+  pending consolidation writes;
+* the episode of the session when it was summarised after the message was written (the
+  summary may contain it);
+* a still-pending inbox row of the message is marked ignored ("recalled"), so its reply is
+  never sent.
+
+It returns what the caller needs to finish the job at the transport: the ids of the bot's
+replies (outbox ``lark_message_id``) so they can be recalled too when so configured.
+Plain SQL in one BEGIN IMMEDIATE: all or nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memory.db import Database
+
+
+@dataclass
+class Withdrawn:
+    message_id: str
+    session_id: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    reply_message_ids: list[str] = field(default_factory=list)   # the bot's answers at the transport
+
+    @property
+    def found(self) -> bool:
+        return bool(self.session_id) or self.counts.get("inbox_cancelled", 0) > 0
+
+
+async def _run(tx: Any, sql: str, params: tuple = ()) -> int:
+    cur = await tx.execute(sql, params)
+    n = cur.rowcount
+    await cur.close()
+    return max(n, 0)
+
+
+async def _rows(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
+    cur = await tx.execute(sql, params)
+    rows = await cur.fetchall()
+    await cur.close()
+    return list(rows)
+
+
+async def cancel_pending(db: Database, message_id: str) -> int:
+    """Mark the message's inbox row ignored while it is still pending (its answer is not sent).
+    Called at intake, before the recall waits in a mailbox behind the message itself."""
+    return await db.execute(
+        "UPDATE inbox SET status = 'ignored', note = 'recalled', done_at = strftime('%s','now')"
+        " WHERE dedup_key = ? AND status = 'pending'", (f"msg:{message_id}",))
+
+
+async def withdraw_message(db: Database, message_id: str) -> Withdrawn:
+    out = Withdrawn(message_id)
+    c = out.counts
+    async with db.transaction() as tx:
+        c["inbox_cancelled"] = await _run(
+            tx, "UPDATE inbox SET status = 'ignored', note = 'recalled'"
+                " WHERE dedup_key = ? AND status = 'pending'", (f"msg:{message_id}",))
+        users = await _rows(tx, "SELECT id, session_id, created_at FROM messages"
+                                " WHERE lark_message_id = ? AND role = 'user'", (message_id,))
+        if not users:
+            c["facts"] = await _run(tx, "DELETE FROM facts WHERE message_id = ?", (message_id,))
+            c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE message_id = ?", (message_id,))
+            return out
+        user = users[0]
+        sid, uid_row, written = user["session_id"], user["id"], user["created_at"]
+        out.session_id = sid
+        nxt = await _rows(tx, "SELECT MIN(id) AS n FROM messages WHERE session_id = ? AND role = 'user'"
+                              " AND id > ?", (sid, uid_row))
+        upto = nxt[0]["n"] if nxt and nxt[0]["n"] is not None else None
+        replies = await _rows(
+            tx, "SELECT id FROM messages WHERE session_id = ? AND role = 'assistant' AND id > ?"
+                + (" AND id < ?" if upto is not None else ""),
+            (sid, uid_row, upto) if upto is not None else (sid, uid_row))
+        ids = [uid_row] + [r["id"] for r in replies]
+        lo, hi = min(ids), max(ids)
+        c["warm_summaries"] = await _run(
+            tx, "DELETE FROM warm_summaries WHERE session_id = ? AND first_msg_id <= ? AND last_msg_id >= ?",
+            (sid, hi, lo))
+        c["rolling_summaries"] = await _run(
+            tx, "UPDATE consolidation_state SET rolling_summary = '' WHERE session_id = ?"
+                " AND rolling_summary <> '' AND compressed_upto >= ?", (sid, lo))
+        marks = ",".join("?" * len(ids))
+        c["replies"] = len(ids) - 1
+        c["messages"] = await _run(tx, f"DELETE FROM messages WHERE id IN ({marks})", tuple(ids))
+        for r in await _rows(tx, "SELECT lark_message_id FROM outbox WHERE reply_to = ?"
+                                 " AND lark_message_id IS NOT NULL", (message_id,)):
+            out.reply_message_ids.append(r["lark_message_id"])
+        c["facts"] = await _run(tx, "DELETE FROM facts WHERE message_id = ?", (message_id,))
+        c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE message_id = ?", (message_id,))
+        c["episodes"] = await _run(
+            tx, "DELETE FROM episodes WHERE session_id = ? AND timestamp >= ?", (sid, written))
+        await _run(tx, "INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+        if c["episodes"]:
+            await _run(tx, "INSERT INTO episodes_fts(episodes_fts) VALUES ('optimize')")
+    return out
