@@ -74,3 +74,33 @@ def fit_card_text(text: str, max_bytes: int = CARD_TEXT_MAX_BYTES) -> str:
     if len(raw) <= max_bytes:
         return text
     return raw[:max_bytes].decode("utf-8", errors="ignore")
+
+
+def confirm_card(question: str, *, command: str, user_id: str, chat_type: str) -> dict[str, Any]:
+    """A destructive command's question with confirm/cancel buttons (JSON 2.0). The buttons'
+    values carry the command and who asked: only that user's click acts (bot/lark/lifecycle.py)."""
+    def button(label: str, kind: str, style: str) -> dict[str, Any]:
+        return {"tag": "button", "text": {"tag": "plain_text", "content": label}, "type": style,
+                "behaviors": [{"type": "callback", "value": {
+                    "ethan": kind, "cmd": command, "user": user_id, "chat_type": chat_type}}]}
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True, "summary": {"content": summary_of(question)}},
+        "body": {"elements": [
+            {"tag": "markdown", "content": question},
+            {"tag": "column_set", "columns": [
+                {"tag": "column", "elements": [button("确认删除 Confirm", "confirm", "danger")]},
+                {"tag": "column", "elements": [button("取消 Cancel", "cancel", "default")]},
+            ]},
+        ]},
+    }
+
+
+def confirm_outcome_card(answer: str, outcome: str) -> dict[str, Any]:
+    """The card after the click: the outcome, no buttons (a second click has nothing to press)."""
+    title = "✅ 已执行 Done" if outcome == "confirmed" else "↩️ 已取消 Cancelled"
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True, "summary": {"content": summary_of(answer or title)}},
+        "body": {"elements": [{"tag": "markdown", "content": f"**{title}**\n\n{answer}"}]},
+    }

@@ -65,6 +65,7 @@ CREATE INDEX outbox_created ON outbox(created_at);
 # unique dedup_key is "<kind>:<message_id>" ("msg:om_…" for a new message, "recall:om_…"),
 # NULL for events deduplicated by event_id alone. SQLite cannot drop a UNIQUE constraint in
 # place, so the table is rebuilt; existing rows keep their ids and become "msg:" keys.
+# card_confirmations: a destructive command's card acts on its first click only.
 # chat_greetings: the p2p chats already greeted (bot_p2p_chat_entered_v1 greets once; the
 # inbox forgets after 24 h, this does not).
 V5 = """
@@ -98,6 +99,13 @@ CREATE INDEX inbox_message ON inbox(message_id);
 CREATE TABLE chat_greetings (
     chat_id       TEXT PRIMARY KEY,
     kind          TEXT NOT NULL,             -- p2p | group
+    at            REAL NOT NULL
+);
+-- A confirm/cancel card is answered once: the first click's outcome, keyed by the card message.
+CREATE TABLE card_confirmations (
+    card_message_id TEXT PRIMARY KEY,
+    user_id       TEXT NOT NULL,
+    outcome       TEXT NOT NULL,             -- confirmed | cancelled
     at            REAL NOT NULL
 );
 """
