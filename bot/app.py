@@ -46,6 +46,8 @@ from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
 from memory.db import Database, DatabaseError
+from memory.models import caps
+from memory.withdraw import cancel_pending
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.modes import ModeStore
@@ -210,11 +212,24 @@ class EthanApp:
             self.sender = LarkSender(self.lark_api)
         # Group speakers' names: looked up in Lark when connected (the console names its own).
         self.names = deps.names = CachedNames(self.lark_api)
+        # Lark beyond text: the registry's other events, and attachments (issue 20).
+        from bot.lark.lifecycle import LarkEventDeps, LarkEvents
+
+        deps.events = LarkEvents(LarkEventDeps(
+            inbox=self.inbox, db=self.db, sender=self.sender, api=self.lark_api,
+            run_command=self.commands.run, bot_open_id=self.bot_open_id,
+            recall_replies=s.ethan_recall_replies))
+        if self.lark_api is not None:
+            from bot.lark.resources import LarkFetcher
+
+            deps.fetch = LarkFetcher(self.lark_api, self.names)
+        deps.vision = lambda: caps(getattr(self.agent.model, "name", "")).vision
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
                                      admit=self._admit)
         self.intake = Intake(self.inbox, self.dispatcher,
-                             on_event=lambda status: self.metrics.events.labels(status=status).inc())
+                             on_event=lambda status: self.metrics.events.labels(status=status).inc(),
+                             on_recall=lambda message_id: cancel_pending(self.db, message_id))
         if s.lark_enabled:
             self._spawn(self._resolve_identity(), "identity")
             if s.lark_transport == "ws":

@@ -93,6 +93,19 @@ ADMIN_HELP = {
 }
 
 
+class Confirmation(str):
+    """A question before a destructive command: the text asks to type ``confirm``; a transport
+    with buttons (Lark's card, bot/lark/reply.py ``ask_confirm``) shows confirm/cancel
+    buttons that run ``command`` (the confirmed form) for the user who asked."""
+
+    command: str
+
+    def __new__(cls, text: str, command: str) -> "Confirmation":
+        obj = super().__new__(cls, text)
+        obj.command = command
+        return obj
+
+
 @dataclass
 class Ctx:
     """One command invocation."""
@@ -304,10 +317,11 @@ class Commands:
         first = ctx.args[0].casefold()
         if first in ("all", "全部"):
             if len(ctx.args) < 2 or ctx.args[1].casefold() not in ("confirm", "确认"):
-                return ctx.t("这会删除我记住的关于你的一切：记忆、行为规则、画像和情节记忆（聊天记录保留）。"
+                return Confirmation(ctx.t("这会删除我记住的关于你的一切：记忆、行为规则、画像和情节记忆（聊天记录保留）。"
                              "确定的话请发送：/forget all confirm",
                              "This deletes everything I remember about you: facts, behaviour rules, profile and "
-                             "episodes (chat history stays). To go ahead, send: /forget all confirm")
+                             "episodes (chat history stays). To go ahead, send: /forget all confirm"),
+                                    "/forget all confirm")
             result = await forget_memory(self.db, ctx.user)
             c = result.counts
             log.info("command.forget_all", chat_id=ctx.inbound.chat_id, user_id=ctx.user, **c)
@@ -473,13 +487,14 @@ class Commands:
             return found
         target, label = found
         if not confirmed:
-            return ctx.t(f"这会在所有对话中永久删除 {label} 的全部数据：记忆、行为规则、画像、情节记忆、"
+            return Confirmation(ctx.t(f"这会在所有对话中永久删除 {label} 的全部数据：记忆、行为规则、画像、情节记忆、"
                          f"TA 发送的消息和对 TA 的回复（只在审计日志中保留一条记录）。"
                          f"确定的话请发送：/reset user {' '.join(w for w in words if w.casefold() not in ('confirm', '确认'))} confirm",
                          f"This permanently erases everything stored about {label} in every conversation: facts, "
                          f"rules, profile, episodes, their messages and the replies to them (only the audit log "
                          f"keeps a record). To go ahead, send: /reset user "
-                         f"{' '.join(w for w in words if w.casefold() not in ('confirm', '确认'))} confirm")
+                         f"{' '.join(w for w in words if w.casefold() not in ('confirm', '确认'))} confirm"),
+                                f"/reset user {target} confirm")   # the open_id: the click carries no mention
         try:
             result = await erase_user(self.db, target)
         except Exception as e:

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     ethan_home: Path = Field(default_factory=lambda: Path.home() / ".ethan")
     ethan_admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ethan_respond_to_all: bool = False
+    # When a user recalls a message Ethan already answered, recall Ethan's answer too (it
+    # usually repeats what was recalled). Off by default: the answer may matter to others.
+    ethan_recall_replies: bool = False
     ethan_host: str = "127.0.0.1"
     ethan_port: int = Field(default=8080, ge=0, le=65535)     # 0 = any free port (tests)
     ethan_console_token: str = ""

@@ -25,7 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
+from dataclasses import replace
+
 from bot.agent.agent import Agent, UserTurn
+from bot.attachments import AttachmentError, Fetch, prepare, refusal
+from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
 from bot.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
@@ -93,6 +97,12 @@ class HandlerDeps:
     # An answer Lark did not take for a reason that may pass: hand the item back to be tried
     # again later in this process (returns the delay in s, or None when it will not be).
     retry_later: Callable[[InboxItem], float | None] | None = None
+    # The transport's events that are not new messages (Lark: recall, join, card clicks; the
+    # registry in bot/lark/events.py): True when it handled (and finished) the item.
+    events: Callable[[InboxItem], Awaitable[bool]] | None = None
+    # Fetches a message's attachments (bot/attachments.py); None: they are answered politely.
+    fetch: "Fetch | None" = None
+    vision: Callable[[], bool] = lambda: True   # the answering model reads image blocks
 
 
 class MessageHandler:
@@ -135,7 +145,14 @@ class MessageHandler:
     async def handle(self, item: InboxItem) -> None:
         d = self.d
         bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id)
-        await d.inbox.start(item.id)
+        if not await d.inbox.start(item.id):
+            # No longer pending: its message was recalled while it waited (the reply is not sent).
+            bound.info("event.ignored", reason="recalled before it was answered")
+            if d.on_ignored is not None:
+                d.on_ignored("recalled")
+            return
+        if d.events is not None and await d.events(item):
+            return
         try:
             inbound = await d.decode(item.payload)
         except NotAMessage as e:
@@ -182,6 +199,21 @@ class MessageHandler:
     async def _answer(self, inbound: Inbound, reply: Reply, bound: Any) -> None:
         d = self.d
         chinese = is_chinese(inbound.text) or not inbound.text
+        prepared = None
+        if inbound.attachments and d.fetch is not None:
+            try:
+                prepared = await prepare(inbound, d.fetch, vision=d.vision())
+            except AttachmentError as e:
+                # One line with the ids (bound) and the transport's codes; nothing is stored.
+                bound.warning("attachment.refused", reason=e.reason, detail=e.detail[:200],
+                              kinds=[a.kind for a in inbound.attachments], **e.fields)
+                ext = str(e.fields.get("ext", ""))
+                await reply.finish(refusal(e.reason, str(e.fields.get("kind", "file")), chinese=chinese,
+                                           ext=f".{ext}" if ext else ""))
+                return
+            inbound = replace(inbound, text="\n\n".join(x for x in (inbound.text, prepared.text) if x))
+            bound.info("attachment.read", kinds=[a.kind for a in inbound.attachments],
+                       images=len(prepared.images), image_bytes=prepared.image_bytes, cut=prepared.cut)
         if inbound.text == "" and inbound.message_type not in ("text", "post"):
             await reply.finish(unreadable_reply(inbound.message_type, chinese=True))
         elif inbound.content_error:
@@ -190,8 +222,12 @@ class MessageHandler:
         elif not inbound.text:
             await reply.finish(EMPTY_REPLY["zh" if chinese else "en"])
         else:
-            answer = await d.commands.run(inbound, inbound.text)
-            if answer is not None:
+            answer = None if prepared is not None else await d.commands.run(inbound, inbound.text)
+            if isinstance(answer, Confirmation) and hasattr(reply, "ask_confirm"):
+                await reply.ask_confirm(answer, command=answer.command, user_id=inbound.sender_id,
+                                        chat_type=inbound.chat_type)
+                bound.info("command.confirm_asked", command=answer.command.split()[0][:32])
+            elif answer is not None:
                 await reply.finish(answer)
                 bound.info("command.answered", command=inbound.text.split()[0][:32])
             else:
@@ -202,7 +238,8 @@ class MessageHandler:
                         name = await d.names.name(inbound.sender_id)
                 turn = UserTurn(scope=inbound.scope(is_admin=d.is_admin(inbound.sender_id)),
                             text=inbound.text, sender_name=name,
-                            message_id=inbound.message_id, truncated=inbound.truncated)
+                            message_id=inbound.message_id, truncated=inbound.truncated,
+                            images=tuple(prepared.images) if prepared is not None else ())
                 await d.agent.respond(turn, reply)
 
     def skip_reason(self, inbound: Inbound, bot_id: str) -> str:

@@ -90,8 +90,11 @@ class Inbox:
         finally:
             self._flusher = None
 
-    async def start(self, item_id: int) -> None:
-        await self.db.execute("UPDATE inbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+    async def start(self, item_id: int) -> bool:
+        """Count an attempt; False when the row is no longer pending (a recall cancelled it
+        while it waited in its mailbox)."""
+        return await self.db.execute(
+            "UPDATE inbox SET attempts = attempts + 1 WHERE id = ? AND status = 'pending'", (item_id,)) > 0
 
     async def finish(self, item_id: int, status: str, note: str = "") -> None:
         await self.db.execute("UPDATE inbox SET status = ?, note = ?, done_at = ? WHERE id = ?",

@@ -21,6 +21,7 @@ class ModelCaps:
     # Chat Completions: OpenAI's own models take (reasoning ones: only take) max_completion_tokens;
     # most compatible servers know only max_tokens.
     max_tokens_field: str = "max_tokens"
+    vision: bool = True                 # reads image blocks (without: a text note instead of the image)
 
 
 # First match wins; patterns are fnmatch-style on the model id.
@@ -42,14 +43,14 @@ CAPABILITIES: list[tuple[str, ModelCaps]] = [
     # OpenAI-compatible providers, as their own documentation describes them (README
     # "Choosing a model"); anything a 400 rejects is learned at run time anyway.
     ("gemini-*", ModelCaps()),                                   # named tool_choice and json_schema
-    ("deepseek-*", ModelCaps(structured_outputs=False)),         # response_format: json_object only
+    ("deepseek-*", ModelCaps(structured_outputs=False, vision=False)),   # response_format: json_object only; text only
     ("qwen*", ModelCaps(forced_tool_use=False)),
     ("glm-*", ModelCaps(forced_tool_use=False, structured_outputs=False)),     # tool_choice: auto only
-    ("kimi-*", ModelCaps(forced_tool_use=False, structured_outputs=False)),
-    ("moonshot-*", ModelCaps(forced_tool_use=False, structured_outputs=False)),
+    ("kimi-*", ModelCaps(forced_tool_use=False, structured_outputs=False, vision=False)),
+    ("moonshot-*", ModelCaps(forced_tool_use=False, structured_outputs=False, vision=False)),
     ("doubao-*", ModelCaps(forced_tool_use=False)),
 ]
-UNKNOWN = ModelCaps(forced_tool_use=False, sampling_params=False, structured_outputs=True)
+UNKNOWN = ModelCaps(forced_tool_use=False, sampling_params=False, structured_outputs=True, vision=False)
 
 # The spec's table: main model -> cheaper consolidation model.
 ROUTES: list[tuple[str, str]] = [

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bot.agent.loop import run_loop
-from bot.agent.prompt import MemoryBlocks, build_system, mark_cache, unique_facts, volatile_context, with_context
+from bot.agent.prompt import with_images, MemoryBlocks, build_system, mark_cache, unique_facts, volatile_context, with_context
 from bot.agent.router import route
 from bot.log import get_logger
 from bot.reply import Reply
@@ -45,6 +45,9 @@ class UserTurn:
     sender_name: str = ""
     message_id: str | None = None     # the transport's id: a redelivery is recognised by it
     truncated: bool = False
+    # Image blocks (memory.llm.ImageBlock) read with this message: sent in this request only;
+    # history keeps the text's reference to them (bot/attachments.py).
+    images: tuple[dict, ...] = ()
 
 
 @dataclass
@@ -169,6 +172,8 @@ class Agent:
         # the user's words, after every cached part; breakpoints where the prefix is cacheable.
         system = build_system(blocks)
         messages = with_context(messages, volatile_context(blocks, today=dt.date.today().isoformat()))
+        if turn.images:
+            messages = with_images(messages, turn.images)
         system, messages = mark_cache(system, messages, TOOL_SPECS, model=model_name)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text)

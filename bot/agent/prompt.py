@@ -155,6 +155,17 @@ def with_context(messages: list[dict[str, Any]], context: str) -> list[dict[str,
     return [*messages[:-1], {**last, "content": [{"type": "text", "text": context}, *rest]}]
 
 
+def with_images(messages: list[dict[str, Any]], images: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The current user message with ``images`` in front of its last text block (the user's
+    words: ``text about the image`` reads best after it; its cache mark stays last)."""
+    if not images or not messages or messages[-1].get("role") != "user":
+        return list(messages)
+    last = messages[-1]
+    content = last["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    return [*messages[:-1], {**last, "content": [*blocks[:-1], *images, blocks[-1]]}]
+
+
 def _chars(content: Any) -> str:
     if isinstance(content, str):
         return content

@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from pydantic import ValidationError
 
@@ -35,11 +35,15 @@ MAX_HOLD_S = 1.0         # a conversation's work waits at most this long behind 
 
 class Intake:
     def __init__(self, inbox: Inbox, dispatcher: Dispatcher, *, clock=time.time,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None,
+                 on_recall: Callable[[str], Awaitable[int]] | None = None) -> None:
         self.inbox = inbox
         self.dispatcher = dispatcher
         self.clock = clock
         self.on_event = on_event or (lambda status: None)
+        # A recall cancels its message's pending answer at once: in its mailbox the recall
+        # would wait behind the very message it cancels.
+        self.on_recall = on_recall
         self._active = 0
         self._last_done = 0.0
         self._idle: asyncio.Event | None = None
@@ -124,6 +128,9 @@ class Intake:
         if stale:
             bound.info("event.ignored", reason="older than 30 minutes")
             return IntakeResult("ignored", "stale")
+        if spec.kind == "recall" and self.on_recall is not None and r.message_id:
+            if await self.on_recall(r.message_id):
+                bound.info("event.recall_cancelled_reply")
         if not self.dispatcher.submit(conv, item):
             # Shutting down: it stays pending in the inbox and is answered on next start.
             bound.info("event.deferred", reason="shutting down")

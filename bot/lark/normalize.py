@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any, Awaitable, Callable
 
-from bot.inbound import LARK, MAX_TEXT_CHARS, Inbound, Mention, NotAMessage
+from bot.inbound import LARK, MAX_TEXT_CHARS, Attachment, Inbound, Mention, NotAMessage
 from bot.lark.events import MESSAGE_RECEIVE, Envelope, MessageEvent
 from bot.text import SURROGATE, clean_text
 
@@ -50,12 +50,20 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
     mentions_all = any(m.kind == "all" for m in mentions)
 
     text, error = "", ""
+    attachments: tuple[Attachment, ...] = ()
+    if msg.message_type in ATTACHMENT_TYPES:
+        try:
+            attachments = _attachments(msg.message_type, msg.message_id, json.loads(msg.content or "{}"))
+        except (ValueError, RecursionError, AttributeError) as e:
+            error = f"unreadable content: {type(e).__name__}"
     if msg.message_type in READABLE_TYPES:
         try:
             content = json.loads(msg.content or "{}")
             if not isinstance(content, dict):
                 raise ValueError("content is not an object")
             raw = content.get("text", "") if msg.message_type == "text" else flatten_post(content)
+            if msg.message_type == "post":
+                attachments = post_images(content)
             if not isinstance(raw, str):
                 raise ValueError("text is not a string")
             text = render_mentions(raw, mentions, bot_open_id)
@@ -83,7 +91,38 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
         mentions_all=mentions_all,
         create_time=epoch_seconds(msg.create_time or envelope.header.create_time),
         content_error=error,
+        attachments=attachments,
     )
+
+
+ATTACHMENT_TYPES = frozenset({"image", "file", "merge_forward"})
+
+
+def _attachments(message_type: str, message_id: str, content: dict) -> tuple[Attachment, ...]:
+    """Lark's content for an image (``image_key``), a file (``file_key``, ``file_name``) or a
+    merged forward (nothing: its children are fetched by the message's id)."""
+    if message_type == "image":
+        key = content.get("image_key")
+        return (Attachment("image", str(key)),) if isinstance(key, str) and key else ()
+    if message_type == "file":
+        key = content.get("file_key")
+        if not isinstance(key, str) or not key:
+            return ()
+        return (Attachment("file", key, name=str(content.get("file_name") or ""),
+                           size=int(content.get("file_size") or 0) if str(content.get("file_size") or "0").isdigit() else 0),)
+    return (Attachment("forward", message_id),)
+
+
+def post_images(content: dict) -> tuple[Attachment, ...]:
+    """The images inside a rich-text post (``img`` elements' ``image_key``), in order."""
+    body = content if "content" in content else next(
+        (v for v in content.values() if isinstance(v, dict) and "content" in v), {})
+    out = []
+    for para in body.get("content") or []:
+        for el in para if isinstance(para, list) else []:
+            if isinstance(el, dict) and el.get("tag") in ("img", "image") and isinstance(el.get("image_key"), str):
+                out.append(Attachment("image", el["image_key"]))
+    return tuple(out)
 
 
 def render_mentions(text: str, mentions: tuple[MentionRef, ...], bot_open_id: str) -> str:

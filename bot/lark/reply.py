@@ -148,6 +148,34 @@ class LarkReply:
             raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=e.category in GIVE_UP,
                                 code=e.code, category=e.category.value) from e
 
+    async def ask_confirm(self, text: str, *, command: str, user_id: str, chat_type: str) -> None:
+        """A destructive command's question as a card with confirm/cancel buttons (the typed
+        ``confirm`` the text mentions still works); a card Lark refuses falls back to text."""
+        from bot.lark.cards import confirm_card
+
+        if self._finished:
+            return
+        self._finished = True
+        self._closing.set()
+        try:
+            card = confirm_card(text, command=command, user_id=user_id, chat_type=chat_type)
+            try:
+                mid = await self._sender.reply(self.message_id, "interactive", card,
+                                               uuid=derive_uuid(self.uuid_base, "confirm"),
+                                               chat_id=self.chat_id, in_thread=self.in_thread)
+                self.message_ids.append(mid)
+                self.delivered_as = "card"
+                return
+            except LarkApiError as e:
+                if e.category in GIVE_UP and e.category is not Category.BAD_REQUEST:
+                    raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=True,
+                                        code=e.code, category=e.category.value) from e
+                self._log.info("lark.confirm_card.failed", **e.log_fields())
+            self._finished = False
+            await self.finish(text)
+        finally:
+            await self._clear_reaction()
+
     async def _finish(self, text: str) -> None:
         if self._finished:
             self._log.warning("lark.reply.finish_again")
