@@ -490,9 +490,12 @@ class EthanApp:
             return CollectingReply()
         from bot.lark.outbound import LarkReply
 
-        return LarkReply(self.sender, message_id=inbound.message_id, chat_id=inbound.chat_id,
-                         in_thread=inbound.in_thread, uuid_base=f"r-{inbound.message_id}",
-                         cards=self.outbox, resumed=resumed)
+        reply = LarkReply(self.sender, message_id=inbound.message_id, chat_id=inbound.chat_id,
+                          in_thread=inbound.in_thread, uuid_base=f"r-{inbound.message_id}",
+                          cards=self.outbox, resumed=resumed)
+        if self.settings.ethan_recall_replies and self.outbox is not None:
+            reply.record_sent = self.outbox.text_sent
+        return reply
 
     # -- stop ------------------------------------------------------------------------
     async def stop(self) -> None:

@@ -51,5 +51,13 @@ class Outbox:
             (lark_message_id, self.clock(), uuid),
         )
 
+    async def text_sent(self, uuid: str, *, chat_id: str, reply_to: str, lark_message_id: str) -> None:
+        """A text reply as delivered, so a recall of the message it answered can find it
+        (written only with ETHAN_RECALL_REPLIES: otherwise nothing reads it)."""
+        await self.db.execute(
+            "INSERT INTO outbox(uuid, chat_id, reply_to, lark_message_id, kind, status, created_at, sent_at)"
+            " VALUES (?,?,?,?,'text','sent',?,?) ON CONFLICT(uuid) DO NOTHING",
+            (uuid, chat_id, reply_to, lark_message_id, self.clock(), self.clock()))
+
     async def prune(self, *, keep: float = KEEP_SECONDS) -> int:
         return await self.db.execute("DELETE FROM outbox WHERE created_at < ?", (self.clock() - keep,))

@@ -76,6 +76,7 @@ class LarkReply:
         log=None,
     ) -> None:
         self._sender = sender
+        self.record_sent = None      # Outbox.text_sent when replies may be recalled (ETHAN_RECALL_REPLIES)
         self._wall_clock = wall_clock
         self._cards = cards
         # An earlier run of this message started answering it (the inbox says so): it may
@@ -375,8 +376,11 @@ class LarkReply:
             return
         for i, chunk in enumerate(split_text(text, self._text_limit)):
             msg_type, content = render(chunk)
+            uuid = derive_uuid(self.uuid_base, i)
             mid = await self._sender.reply(
-                self.message_id, msg_type, content, uuid=derive_uuid(self.uuid_base, i),
+                self.message_id, msg_type, content, uuid=uuid,
                 chat_id=self.chat_id, in_thread=self.in_thread,
             )
             self.message_ids.append(mid)
+            if self.record_sent is not None and mid:
+                await self.record_sent(uuid, chat_id=self.chat_id, reply_to=self.message_id, lark_message_id=mid)
