@@ -98,6 +98,7 @@ class Prepared:
     text: str = ""
     cut: bool = False
     image_bytes: int = 0
+    skipped: list = field(default_factory=list)   # AttachmentErrors of a post's images (logged)
 
 
 async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool) -> Prepared:
@@ -113,10 +114,18 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool) -> Prepared:
             if not vision:
                 parts.append(f"[图片 image {att.ref} — 当前模型不支持看图 / this model cannot see images]")
                 continue
-            got = await fetch(inbound, att)
-            if len(got.data) > MAX_IMAGE_BYTES:
-                raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="image")
-            block = image_block(got.data)
+            try:
+                got = await fetch(inbound, att)
+                if len(got.data) > MAX_IMAGE_BYTES:
+                    raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="image")
+                block = image_block(got.data)
+            except AttachmentError as e:
+                if inbound.message_type != "post":
+                    raise
+                # An image inside a rich-text post: its words still get an answer.
+                out.skipped.append(e)
+                parts.append(f"[图片 image {att.ref} — 无法读取 / could not be read]")
+                continue
             out.images.append(block)
             out.image_bytes += len(got.data)
             parts.append(f"[图片 image {att.ref}]")

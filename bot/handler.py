@@ -212,6 +212,8 @@ class MessageHandler:
                                            ext=f".{ext}" if ext else ""))
                 return
             inbound = replace(inbound, text="\n\n".join(x for x in (inbound.text, prepared.text) if x))
+            for e in prepared.skipped:
+                bound.warning("attachment.skipped", reason=e.reason, detail=e.detail[:200], **e.fields)
             bound.info("attachment.read", kinds=[a.kind for a in inbound.attachments],
                        images=len(prepared.images), image_bytes=prepared.image_bytes, cut=prepared.cut)
         if inbound.text == "" and inbound.message_type not in ("text", "post"):

@@ -429,8 +429,11 @@ def _sdk_client_class():
                 payload = self._combine(msg_id, sum_, seq, payload)
                 if payload is None:
                     return            # more fragments to come; the last one is answered
-            if MessageType(type_) != MessageType.EVENT:
-                return                # cards: the SDK does not answer them either
+            if MessageType(type_) not in (MessageType.EVENT, MessageType.CARD):
+                return
+            # CARD frames carry card callbacks (card.action.trigger, a schema 2.0 event like any
+            # other); lark-oapi 1.7.5's client drops them unanswered, so a button clicked over
+            # the long connection did nothing. They go through the same registry and inbox.
             start = time.monotonic()
             code = await self.owner.accept(payload)
             header = hs.add()
