@@ -475,7 +475,7 @@ class OpenApi:
         ?type=image|file``): its bytes and content type. Read in chunks and abandoned past
         ``max_bytes`` (``ResourceTooLarge``), so an oversized upload never sits in memory whole.
         Errors come back as JSON (``LarkApiError``, e.g. 234003 key not in message, 99991672
-        missing the im:resource scope)."""
+        missing a scope: im:message:readonly)."""
         path = f"/open-apis/im/v1/messages/{urllib.parse.quote(message_id, safe='')}/resources/{urllib.parse.quote(key, safe='')}"
         for attempt in (1, 2):
             token = await self.tenant_token(force=attempt == 2)

@@ -2,8 +2,9 @@
 API, a merged forward's children through the get-message API — Lark's errors turned into the
 neutral ``AttachmentError`` reasons the user is told (bot/attachments.py).
 
-Scopes (README "Permissions"): ``im:resource`` for resources, ``im:message`` (or
-``im:message:readonly``) for a forward's children.
+Scopes (README "Permissions"): the message-resource API takes any one of ``im:message``,
+``im:message:readonly`` or ``im:message.history:readonly`` (its documentation page; there is
+no separate resource scope for reading what users sent); the same for a forward's children.
 """
 
 from __future__ import annotations

@@ -224,8 +224,8 @@ async def test_unreachable_resource_gets_a_short_answer(tmp_path):
 async def test_resource_without_permission_names_the_scope(tmp_path):
     async with Harness(tmp_path) as h:
         ev = make_file_event("file_v3_perm", "a.txt", **ALICE)
-        h.lark.fail_next("/resources/", status=400, code=99991672, msg="Access denied. One of the following scopes is required: [im:resource]")
-        await _refused(h, ev, expect="im:resource")
+        h.lark.fail_next("/resources/", status=400, code=99991672, msg="Access denied. One of the following scopes is required: [im:message, im:message:readonly]")
+        await _refused(h, ev, expect="im:message:readonly")
 
 
 async def test_pdf_that_is_not_a_pdf(tmp_path):
