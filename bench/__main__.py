@@ -40,6 +40,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("footprint", "bench.bench_footprint", "7. Memory footprint"),
     ("cost", "bench.bench_cost", "8. Prompt-cache cost"),
     ("providers", "bench.bench_providers", "9. Model adapters: OpenAI-compatible vs Anthropic"),
+    ("image", "bench.bench_image", "10. Answering an image message"),
 ]
 
 

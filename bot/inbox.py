@@ -32,6 +32,7 @@ class InboxItem:
     payload: str
     status: str
     attempts: int
+    event_type: str = "im.message.receive_v1"   # the transport's event type (the registry's key)
 
 
 class Inbox:
@@ -65,7 +66,7 @@ class Inbox:
         if rowid is None:
             return None
         return InboxItem(rowid, event_id, message_id, chat_id, conv_key, create_time, row[5],
-                         payload, status, 0)
+                         payload, status, 0, event_type)
 
     async def _flush(self) -> None:
         try:
@@ -147,4 +148,4 @@ def _insert_rows(conn, rows: list[tuple]) -> list[int | None]:
 def _item(row) -> InboxItem:
     return InboxItem(row["id"], row["event_id"], row["message_id"], row["chat_id"], row["conv_key"],
                      row["create_time"], row["received_at"], row["payload"], row["status"],
-                     row["attempts"])
+                     row["attempts"], row["event_type"])

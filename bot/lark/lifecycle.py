@@ -54,6 +54,13 @@ class LarkEvents:
         self.left_chats: set[str] = set()    # chats the bot was removed from (in this process)
 
     async def __call__(self, item: InboxItem) -> bool:
+        if item.event_type == events.MESSAGE_RECEIVE:
+            # The common case decided from the stored type: the payload is parsed once, by the
+            # decoder (not here too).
+            if item.chat_id in self.left_chats:
+                await self._finish(item, "ignored", "bot removed from the chat")
+                return True
+            return False
         try:
             env = Envelope.model_validate(json.loads(item.payload))
             parsed = events.parse(env)
