@@ -64,7 +64,8 @@ CREATE INDEX outbox_created ON outbox(created_at);
 # (or any later event) about a stored message must not be dropped as its duplicate. The
 # unique dedup_key is "<kind>:<message_id>" ("msg:om_…" for a new message, "recall:om_…"),
 # NULL for events deduplicated by event_id alone. SQLite cannot drop a UNIQUE constraint in
-# place, so the table is rebuilt; existing rows keep their ids and become "msg:" keys.
+# place, so the table is rebuilt; existing rows keep their ids and become "msg:" keys. No
+# index on message_id: lookups by it are rare (erase, the terminal), the writes are every event.
 # card_confirmations: a destructive command's card acts on its first click only.
 # chat_greetings: the p2p chats already greeted (bot_p2p_chat_entered_v1 greets once; the
 # inbox forgets after 24 h, this does not).
@@ -95,7 +96,6 @@ INSERT INTO inbox_v4(id, event_id, event_type, message_id, dedup_key, chat_id, c
 DROP TABLE inbox;
 ALTER TABLE inbox_v4 RENAME TO inbox;
 CREATE INDEX inbox_pending ON inbox(status, received_at);
-CREATE INDEX inbox_message ON inbox(message_id);
 CREATE TABLE chat_greetings (
     chat_id       TEXT PRIMARY KEY,
     kind          TEXT NOT NULL,             -- p2p | group
