@@ -128,7 +128,7 @@ class LarkEvents:
             bound.info("chat.p2p_entered", greeted=False)
             await self._finish(item, "ignored", "greeted before")
             return
-        await self.d.sender.send(ev.chat_id, "text", {"text": GREETING}, uuid=f"greet-{ev.chat_id}"[:50])
+        await self.d.sender.send(ev.chat_id, "text", {"text": GREETING}, uuid=f"greet-{item.event_id}"[:50])
         bound.info("chat.p2p_entered", greeted=True, operator=ev.operator_id.open_id)
         await self._finish(item, "done", "greeted")
 
