@@ -57,3 +57,39 @@ async def test_a_failed_commit_fails_every_waiting_event_and_stores_none(db):
     await db.conn.execute("DROP TRIGGER no_inbox")
     assert (await db.fetchone("SELECT COUNT(*) FROM inbox"))[0] == 0
     assert await inbox.accept(**_event(9)) is not None        # and the next one works
+
+
+async def test_dedup_is_keyed_on_the_event_and_v3_databases_migrate(tmp_path):
+    """A recall (a later event about a stored message) is not its duplicate; a re-send of
+    the message is. A database made before dedup_key keeps its rows as 'msg:' keys."""
+    import sqlite3
+    import time
+
+    from memory.db import _split_sql
+    from memory.schema import MIGRATIONS
+
+    path = tmp_path / "v3.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at REAL NOT NULL)")
+    for version, script in enumerate(MIGRATIONS[:3], 1):
+        for stmt in _split_sql(script):
+            conn.execute(stmt)
+        conn.execute("INSERT INTO schema_version VALUES (?, ?)", (version, time.time()))
+    conn.execute("INSERT INTO inbox(event_id, message_id, chat_id, conv_key, create_time, received_at, payload)"
+                 " VALUES ('ev_old', 'om_old', 'oc_1', 'oc_1', 1, 1, '{}')")
+    conn.commit()
+    conn.close()
+    d = await Database(path).open()
+    try:
+        row = await d.fetchone("SELECT id, dedup_key, event_type FROM inbox WHERE event_id = 'ev_old'")
+        assert (row["id"], row["dedup_key"], row["event_type"]) == (1, "msg:om_old", "im.message.receive_v1")
+        inbox = Inbox(d)
+        base = dict(chat_id="oc_1", conv_key="oc_1", create_time=2.0, payload="{}")
+        assert await inbox.accept(event_id="ev_again", message_id="om_old", **base) is None        # re-sent
+        recall = await inbox.accept(event_id="ev_recall", message_id="om_old", event_type="im.message.recalled_v1",
+                                    dedup_key="recall:om_old", **base)
+        assert recall is not None and recall.event_type == "im.message.recalled_v1"
+        assert await inbox.accept(event_id="ev_recall2", message_id="om_old", dedup_key="recall:om_old",
+                                  **base) is None                                                 # its redelivery
+    finally:
+        await d.close()

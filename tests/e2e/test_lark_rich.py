@@ -17,7 +17,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tests.fakes.fake_anthropic import Stall, Text
+from tests.fakes.fake_anthropic import Stall, Text, ToolUse
 from tests.fakes.fake_lark import server_error
 from tests.fakes.lark_events import (
     make_bot_added_event, make_card_action_event, make_file_event, make_forward_event,
@@ -253,18 +253,22 @@ def _cli(home: Path, *args: str) -> str:
 
 async def test_recall_removes_the_message_from_requests_search_and_export(tmp_path):
     async with Harness(tmp_path) as h:
-        h.model.script(Text("好的，记下你的密码 hunter2。"), Text("你好。"))
+        h.model.script(ToolUse("memory_write", {"content": "Alice 下周去 hunter2 市出差", "category": "knowledge"}),
+                       Text("好的，记下你的密码 hunter2。"), Text("你好。"))
         secret = await h.send_text("我的密码是 hunter2 别告诉别人", **ALICE)
         await h.replies(1)
         await h.idle()
         mid = secret["event"]["message"]["message_id"]
+        assert await _facts(h) == 1                                         # learned from that message
         assert await post_ok(h, make_recalled_event(mid, chat_id="oc_p2p_alice")) == "accepted"
         await h.idle()
         await h.send_text("你好", **ALICE)
         await h.replies(2)
         await h.idle()
         req = h.model.chat_requests()[-1]
-        assert "hunter2" not in json.dumps(req.json["messages"], ensure_ascii=False)
+        assert "hunter2" not in json.dumps(req.json, ensure_ascii=False)     # history, and the fact
+        assert await _facts(h) == 0
+        assert (await h.app.db.fetchone("SELECT COUNT(*) AS n FROM messages_fts WHERE messages_fts MATCH 'hunter2'"))["n"] == 0
         audit = await h.app.db.fetchone("SELECT action, target FROM audit WHERE action = 'message.recalled'")
         assert audit["target"] == mid
         # A redelivery of the recall is a duplicate; the recall was not one of the message.
