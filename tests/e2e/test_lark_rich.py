@@ -383,3 +383,19 @@ async def _facts(h) -> int:
 
 
 __all__ = ["zlib"]
+
+
+async def test_image_reaches_an_openai_compatible_model_as_image_url(tmp_path):
+    async with Harness(tmp_path, provider="openai") as h:
+        small = png(32, 32)
+        ev = make_image_event("img_v3_oa", **ALICE)
+        h.lark.add_resource(ev["event"]["message"]["message_id"], "img_v3_oa", small, "image/png")
+        h.model.script(Text("a red square"))
+        await post_ok(h, ev)
+        await h.replies(1)
+        await h.idle()
+        req = h.model.chat_requests()[-1]
+        assert "/chat/completions" in req.path
+        last = [m for m in req.wire["messages"] if m["role"] == "user"][-1]   # as sent
+        urls = [p["image_url"]["url"] for p in last["content"] if isinstance(p, dict) and p.get("type") == "image_url"]
+        assert urls == ["data:image/png;base64," + base64.b64encode(small).decode()], last
