@@ -38,7 +38,43 @@ class SchemaTooNew(DatabaseError):
     pass
 
 
+class DatabaseUnavailable(DatabaseError):
+    """The database server cannot be reached (PostgreSQL down or restarting): the webhook
+    answers 503 so Lark retries, and /healthz is not ready."""
+
+
+class IntegrityError(sqlite3.IntegrityError):
+    """A uniqueness or foreign-key violation on either backend. A subclass of sqlite3's so one
+    ``except sqlite3.IntegrityError`` in a store catches both engines' violations."""
+
+
+def dialect_of(conn: Any) -> str:
+    """``"sqlite"`` or ``"postgres"``: what a unit-of-work function (or a transaction) was
+    given. The few statements the engines spell too differently to translate branch on it."""
+    return getattr(conn, "dialect", "sqlite")
+
+
+def is_database_url(value: str | Path) -> bool:
+    return str(value).startswith(("postgresql://", "postgres://"))
+
+
+def database(target: str | Path, **kwargs: Any) -> "Database":
+    """The Database for ``target``: a PostgreSQL URL or a SQLite file path (not yet opened)."""
+    if is_database_url(target):
+        from memory.pg import PgDatabase   # psycopg only when PostgreSQL is configured
+        return PgDatabase(str(target), **kwargs)  # type: ignore[return-value]
+    return Database(target, **kwargs)
+
+
 class Database:
+    """The port every store is written against, SQLite's backend (memory/pg.py: PostgreSQL's).
+
+    ``read(fn, *args)`` / ``write(fn, *args)`` run one unit of work ``fn(conn, *args)`` — a plain
+    function over a DB-API connection — as one read snapshot / one serialised write transaction;
+    ``fetchone``/``fetchall``/``execute``/``insert``/``executemany`` are one-statement units;
+    ``transaction()`` is a multi-hop write transaction for code that awaits between statements."""
+    dialect = "sqlite"
+
     def __init__(self, path: str | Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = str(path)
         self.busy_timeout_ms = busy_timeout_ms

@@ -1,19 +1,53 @@
-"""Shared fixtures. Fakes live in tests/fakes (wire-level servers on loopback)."""
+"""Shared fixtures. Fakes live in tests/fakes (wire-level servers on loopback).
+
+``db`` is the one Database port on the backend ``backend`` names: ``sqlite`` by default; the
+store contract suites (tests/memory, test_export, test_erase, …) override ``backend`` with
+both, like aiogram's storage tests, so every store test runs on SQLite and on PostgreSQL.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from memory.db import Database
+from memory.db import Database, database
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    from tests.pg_cluster import INSTALL_HINT, Cluster, find_bindir
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.exit(INSTALL_HINT, returncode=3)   # one line, never a silent skip
+    cluster = Cluster(bindir).start()
+    try:
+        cluster.migrated_template()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture
-async def db(tmp_path):
-    database = await Database(tmp_path / "ethan.db").open()
+def backend() -> str:
+    return "sqlite"
+
+
+@pytest.fixture
+def db_target(backend, tmp_path, request):
+    """Where a test's database lives: a SQLite path, or a fresh PostgreSQL database's URL."""
+    if backend == "postgres":
+        return request.getfixturevalue("pg_cluster").new_database()
+    return tmp_path / "ethan.db"
+
+
+@pytest.fixture
+async def db(db_target) -> Database:
+    d = await database(db_target).open()
     try:
-        yield database
+        yield d
     finally:
-        await database.close()
+        await d.close()
 
 
 @pytest.fixture(params=("anthropic", "openai"))

@@ -246,3 +246,9 @@ async def test_wal_is_checkpointed_in_the_background_not_by_commits(tmp_path):
     finally:
         await db.close()
     assert db._checkpointer is None
+
+
+@pytest.fixture
+def backend() -> str:
+    """SQLite's own file, pragmas and locking: tests/memory/test_pg.py covers PostgreSQL's."""
+    return "sqlite"

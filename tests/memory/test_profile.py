@@ -294,10 +294,17 @@ async def test_document_write_is_atomic_when_the_database_fails_midway(store, db
     await store.update(ALICE_P2P, "身份与背景", "后端工程师")
     before = await store.list("ou_alice")
     # A fault at the storage layer on the second insert of the transaction.
-    await db.execute(
-        "CREATE TRIGGER fail_on_boom BEFORE INSERT ON profile_entries WHEN new.entry = 'BOOM'"
-        " BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"
-    )
+    if db.dialect == "postgres":
+        await db.execute(
+            "CREATE FUNCTION fail_on_boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " IF NEW.entry = 'BOOM' THEN RAISE EXCEPTION 'disk on fire'; END IF; RETURN NEW; END $$")
+        await db.execute("CREATE TRIGGER fail_on_boom BEFORE INSERT ON profile_entries"
+                         " FOR EACH ROW EXECUTE FUNCTION fail_on_boom()")
+    else:
+        await db.execute(
+            "CREATE TRIGGER fail_on_boom BEFORE INSERT ON profile_entries WHEN new.entry = 'BOOM'"
+            " BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"
+        )
     doc = "## 身份与背景\n- 技术负责人\n\n## 目标与方向\n- BOOM\n"
     with pytest.raises(Exception, match="disk on fire"):
         await store.write_document("ou_alice", doc)

@@ -270,6 +270,7 @@ async def test_extraction_due_after_warm_capacity(db, sessions, convo):
     assert view.long_term == "ROLL" and view.summary == "" and view.warm_turns == 0
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])   # SQLite's query plan
 async def test_hot_window_query_is_bounded(db, sessions, convo):
     """The hot window is read with an indexed, LIMITed query, not by loading the session."""
     w = wm(db, sessions)
