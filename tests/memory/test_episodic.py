@@ -213,3 +213,10 @@ def test_token_estimate():
     assert E.estimate_tokens("你好世界") == 4
     assert E.estimate_tokens("abcdefgh") == 2
     assert E.estimate_tokens("") == 0
+
+
+@pytest.fixture
+def backend() -> str:
+    """Episode search (FTS5) is not yet ported to PostgreSQL after the episode index rework:
+    these run on SQLite only until it is (docs/operations.md)."""
+    return "sqlite"
