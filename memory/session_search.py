@@ -107,7 +107,7 @@ async def search_sessions(
         method = "fts"
         if len(q) < MIN_FTS_CHARS:
             method = "like"
-        elif scoped:
+        elif scoped and db.dialect == "sqlite":
             row = await db.fetchone(
                 f"SELECT COALESCE(SUM(s.message_count), 0) FROM sessions s WHERE {where}", params
             )
@@ -123,7 +123,12 @@ async def search_sessions(
                 if row[0] >= cap:
                     method = "like"
 
-    if method == "fts":
+    if db.dialect == "postgres":
+        # One query for both methods: pg_trgm's GIN index serves ILIKE for 3+ characters
+        # (SQLite's trigram table) and PostgreSQL scans for fewer; bm25's factors as below
+        # (the phrase's IDF is the same for every row, so the order is FTS5's bm25 order).
+        message_rows = await db.read(_pg_message_rows, q, where, params, session_cols, scoped, limit)
+    elif method == "fts":
         message_rows = await db.fetchall(
             "WITH hits AS MATERIALIZED ("
             "  SELECT m.session_id AS sid, m.id AS mid, -bm25(messages_fts) AS score"
@@ -187,6 +192,33 @@ async def search_sessions(
             hits.append(SearchHit(info, make_snippet(info.title, q), 0.0, None, 0, method))
     hits.sort(key=lambda h: (-h.score, -h.session.updated_at))
     return hits[:limit]
+
+_PG_MESSAGE_HITS = (
+    "WITH hits AS MATERIALIZED ("
+    "  SELECT m.session_id AS sid, m.id AS mid,"
+    "         GREATEST(1.0, (length(lower(m.content)) - length(replace(lower(m.content), lower(?::text), '')))"
+    "                  * 1.0 / length(?::text)) AS f,"
+    "         GREATEST(1, length(m.content) - 2) AS dl"
+    "  FROM {source} WHERE m.content LIKE ? ESCAPE '\\' AND {where}"
+    "), scored AS ("
+    f"  SELECT sid, mid, f * {BM25_K1 + 1} / (f + {BM25_K1} * ({1 - BM25_B} + {BM25_B} * dl / ?)) AS score,"
+    "         COUNT(*) OVER (PARTITION BY sid) AS n FROM hits"
+    "), best AS ("
+    "  SELECT DISTINCT ON (sid) sid, score, mid, n FROM scored ORDER BY sid, score DESC, mid"
+    ") SELECT best.score, best.mid, best.n, {cols} FROM best JOIN sessions s ON s.id = best.sid"
+    " ORDER BY best.score DESC, s.updated_at DESC, s.id DESC LIMIT ?"
+)
+
+
+def _pg_message_rows(conn: Any, q: str, where: str, params: list, session_cols: str, scoped: bool,
+                     limit: int) -> list:
+    """Run by Database.read on PostgreSQL: the best matching message of each session."""
+    # FTS5's statistic: trigrams per message (length - 2), averaged over the table.
+    avg = conn.execute("SELECT AVG(GREATEST(1, length(content) - 2)) FROM messages").fetchone()[0]
+    source = "sessions s JOIN messages m ON m.session_id = s.id" if scoped else "messages m"
+    sql = _PG_MESSAGE_HITS.format(source=source, where=where, cols=session_cols)
+    return conn.execute(sql, [q, q, like_pattern(q), *params, float(avg or DEFAULT_AVG_TOKENS), limit]).fetchall()
+
 
 async def _avg_doc_tokens(db: Database) -> float:
     """Average tokens per message, from the FTS index's own statistics (its

@@ -498,13 +498,14 @@ class SessionStore:
             await cur.close()
             remaining = await fetch_all(
                 tx,
-                "SELECT s.id, (SELECT m.content || char(0) || m.sender_id FROM messages m "
-                "  WHERE m.session_id = s.id AND m.role = 'user' ORDER BY m.id LIMIT 1) AS first "
+                "SELECT s.id, (SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user'"
+                "  ORDER BY m.id LIMIT 1) AS first, (SELECT m.sender_id FROM messages m WHERE m.session_id = s.id"
+                "  AND m.role = 'user' ORDER BY m.id LIMIT 1) AS sender "
                 "FROM sessions s WHERE s.id IN (SELECT value FROM json_each(?))",
                 (ids_json,),
             )
             for row in remaining:
-                content, _, sender = (row["first"] or "").rpartition("\x00")
+                content, sender = row["first"] or "", row["sender"] or ""
                 await tx.execute(
                     "UPDATE sessions SET title = ?, owner_id = CASE WHEN owner_id = ? THEN ? ELSE owner_id END "
                     "WHERE id = ?",
