@@ -283,6 +283,16 @@ class Database:
         row = await self.fetchone("PRAGMA integrity_check")
         return str(row[0])
 
+    async def table_columns(self) -> dict[str, list[tuple[str, str]]]:
+        """Every ordinary table (search index internals aside) and its (column, TYPE) pairs."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for t in await self.fetchall(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'"
+                " AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '%_fts_%' ORDER BY name"):
+            cols = await self.fetchall(f'PRAGMA table_info("{t["name"]}")')
+            out[t["name"]] = [(c["name"], (c["type"] or "").upper()) for c in cols]
+        return out
+
 
 def _checkpoint_thread(path: str, interval: float, stop: threading.Event) -> None:
     conn = sqlite3.connect(path)

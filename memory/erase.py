@@ -40,7 +40,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.db import Database, fetch_all
+from memory.db import Database, dialect_of, fetch_all
 from memory.sessions import make_title
 
 ERASED_PAYLOAD = '{"erased": true}'
@@ -77,6 +77,13 @@ async def _column(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
         return [r[0] for r in await cur.fetchall()]
     finally:
         await cur.close()
+
+
+async def _optimize(tx: Any, index: str) -> None:
+    """Merge SQLite's FTS5 segments so deleted terms leave the index's pages. PostgreSQL's
+    indexes are ordinary ones: the deleted rows' entries go with VACUUM (autovacuum)."""
+    if dialect_of(tx) == "sqlite":
+        await _run(tx, f"INSERT INTO {index}({index}) VALUES ('optimize')")
 
 
 def _scrub_payload(payload: str, uid: str) -> str:
@@ -189,24 +196,19 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
 
         # Merge the FTS segments so deleted text does not linger as tombstoned tokens.
         if c["messages"] or c["replies"] or c.get("sessions"):
-            await _run(tx, "INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+            await _optimize(tx, "messages_fts")
         if c["episodes"]:
-            await _run(tx, "INSERT INTO episodes_fts(episodes_fts) VALUES ('optimize')")
+            await _optimize(tx, "episodes_fts")
     return EraseResult(uid, c)
 
 
 async def find_user(db: Database, user_id: str, *, skip: tuple[str, ...] = ()) -> dict[str, int]:
     """Tables whose text columns still contain ``user_id``, with the number of rows."""
     found: dict[str, int] = {}
-    tables = await db.fetchall(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'"
-        " AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '%_fts_%'")
-    for t in tables:
-        name = t["name"]
+    for name, cols in (await db.table_columns()).items():
         if name in skip:
             continue
-        cols = await db.fetchall(f'PRAGMA table_info("{name}")')
-        text_cols = [c["name"] for c in cols if (c["type"] or "").upper() in ("TEXT", "")]
+        text_cols = [c for c, kind in cols if kind in ("TEXT", "")]
         if not text_cols:
             continue
         where = " OR ".join(f'instr(CAST("{col}" AS TEXT), ?) > 0' for col in text_cols)
@@ -234,7 +236,7 @@ async def forget_memory(db: Database, user_id: str) -> EraseResult:
         c["consolidation_writes"] = await _run(
             tx, "DELETE FROM consolidation_writes WHERE user_id = ?", (uid,))
         if c["episodes"]:
-            await _run(tx, "INSERT INTO episodes_fts(episodes_fts) VALUES ('optimize')")
+            await _optimize(tx, "episodes_fts")
     return EraseResult(uid, c)
 
 

@@ -429,6 +429,15 @@ class PgDatabase:
         await self.fetchone("SELECT 1")
         return "ok"
 
+    async def table_columns(self) -> dict[str, list[tuple[str, str]]]:
+        rows = await self.fetchall(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns"
+            " WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position")
+        out: dict[str, list[tuple[str, str]]] = {}
+        for r in rows:
+            out.setdefault(r[0], []).append((r[1], r[2].upper()))
+        return out
+
     async def ping(self) -> None:
         await self.fetchone("SELECT 1")
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
-async def fail_inserts(db: Any, table: str, message: str = "disk on fire", when: str = "") -> None:
-    """Every INSERT into ``table`` (where ``when``, an SQL condition on NEW) fails."""
+async def fail_inserts(db: Any, table: str, message: str = "disk on fire", when: str = "",
+                       event: str = "INSERT") -> None:
+    """Every INSERT (or ``event``) on ``table`` (where ``when``, an SQL condition on NEW) fails."""
     name = f"fail_{table}"
     if db.dialect == "postgres":
         cond = f"IF {when} THEN " if when else ""
@@ -17,10 +18,10 @@ async def fail_inserts(db: Any, table: str, message: str = "disk on fire", when:
             f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {cond}"
             f"RAISE EXCEPTION '{message}' USING ERRCODE = 'integrity_constraint_violation';{end}"
             " RETURN NEW; END $$")
-        await db.execute(f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {name}()")
+        await db.execute(f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW EXECUTE FUNCTION {name}()")
     else:
         cond = f" WHEN {when}" if when else ""
-        await db.execute(f"CREATE TRIGGER {name} BEFORE INSERT ON {table}{cond}"
+        await db.execute(f"CREATE TRIGGER {name} BEFORE {event} ON {table}{cond}"
                          f" BEGIN SELECT RAISE(ABORT, '{message}'); END")
 
 

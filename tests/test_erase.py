@@ -11,6 +11,15 @@ import time
 
 import pytest
 
+from tests.conftest import BACKENDS
+from tests.faults import fail_inserts, restore_inserts
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    """Erasure is part of the store contract: on both backends."""
+    return request.param
+
 from bot.inbox import Inbox
 from memory.audit import AuditLog
 from memory.episodic import EpisodeStore
@@ -32,14 +41,8 @@ P2P_A, P2P_B, GROUP = "oc_p2p_alice", "oc_p2p_bob", "oc_group"
 async def scan(db, needles) -> dict[str, int]:
     """Rows of every ordinary table (FTS index internals aside) with a needle in any column."""
     found: dict[str, int] = {}
-    tables = await db.fetchall("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
-    for t in tables:
-        name, sql = t["name"], t["sql"] or ""
-        if name.startswith("sqlite_") or sql.upper().startswith("CREATE VIRTUAL"):
-            continue
-        if any(name.endswith(s) for s in ("_data", "_idx", "_docsize", "_config", "_content")) and "_fts" in name:
-            continue
-        cols = [c["name"] for c in await db.fetchall(f'PRAGMA table_info("{name}")')]
+    for name, columns in (await db.table_columns()).items():
+        cols = [c for c, _ in columns]
         for needle in needles:
             where = " OR ".join(f'instr(CAST("{c}" AS TEXT), ?) > 0' for c in cols)
             row = await db.fetchone(f'SELECT COUNT(*) AS n FROM "{name}" WHERE {where}', [needle] * len(cols))
@@ -211,11 +214,10 @@ async def test_erase_is_one_transaction(world):
     db = world.db
     before = await scan(db, ALICE_IDS)
     # Make the last table fail half-way (a temporary trigger: SQLite's own abort, no mocks).
-    await db.conn.execute(
-        "CREATE TEMP TRIGGER fail_erase BEFORE DELETE ON main.modes BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    await fail_inserts(db, "modes", "boom", event="DELETE")
     with pytest.raises(Exception, match="boom"):
         await erase_user(db, ALICE)
-    await db.conn.execute("DROP TRIGGER temp.fail_erase")
+    await restore_inserts(db, "modes")
     assert await scan(db, ALICE_IDS) == before
     assert await world.sessions.get(world.sid["a"]) is not None
 

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from memory.db import Database
+from memory.db import Database, database as open_target_db
+from tests.conftest import BACKENDS
+
+
+async def open_target(target):
+    return await open_target_db(target).open()
 from memory.episodic import EpisodeStore
 from memory.export import FILES, MANIFEST, ImportRefused, collect, export_user, import_user, read_bundle
 from memory.facts import FactStore
@@ -89,9 +94,16 @@ async def filled(db):
     return db
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    """Export and import are part of the store contract: on both backends."""
+    return request.param
+
+
 @pytest.fixture
-async def fresh(tmp_path):
-    database = await Database(tmp_path / "fresh.db").open()
+async def fresh(tmp_path, backend, request):
+    target = request.getfixturevalue("pg_cluster").new_database() if backend == "postgres" else tmp_path / "fresh.db"
+    database = await open_target(target)
     try:
         yield database
     finally:
