@@ -164,7 +164,7 @@ class EthanApp:
         # acknowledgements after a (re)start wait for it.
         t_warm = time.monotonic()
         warming = asyncio.create_task(asyncio.to_thread(warm_up))
-        self.db = await Database(s.db_path).open()
+        self.db = await s.open_database().open()
         await self.db.start_checkpointer()
         sessions = SessionStore(self.db, idle_timeout=s.ethan_session_idle_hours * 3600)
         working = WorkingMemory(self.db, sessions, self.memory_config)

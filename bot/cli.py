@@ -281,13 +281,15 @@ async def _chat(settings: Settings, user: str, resume: str | None) -> int:
 # --------------------------------------------------------------------------------------
 
 async def _open(settings: Settings, *, create: bool = False):
-    from memory.db import Database
+    from memory.db import is_database_url
 
+    if is_database_url(settings.database_target):
+        return await settings.open_database().open()
     path = settings.db_path
     if not create and not path.exists():
         raise CliError(f"ethan: no database at {path} yet (set ETHAN_HOME to where Ethan keeps its data)",
                        EXIT_FAIL)
-    return await Database(path).open()
+    return await settings.open_database().open()
 
 
 def _when(ts: float | None, *, seconds: bool = False) -> str:

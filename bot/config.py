@@ -64,6 +64,10 @@ class Settings(BaseSettings):
 
     # Ethan
     ethan_home: Path = Field(default_factory=lambda: Path.home() / ".ethan")
+    # Empty: SQLite at $ETHAN_HOME/ethan.db. postgresql://user:pass@host:5432/db: PostgreSQL
+    # (DESIGN §7), which any number of `ethan serve` replicas may share.
+    ethan_database_url: str = ""
+    ethan_database_pool: int = Field(default=8, ge=1, le=200)
     ethan_admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ethan_respond_to_all: bool = False
     # When a user recalls a message Ethan already answered, recall Ethan's answer too (it
@@ -248,6 +252,18 @@ class Settings(BaseSettings):
     @property
     def db_path(self) -> Path:
         return self.ethan_home / "ethan.db"
+
+    @property
+    def database_target(self) -> str | Path:
+        """What memory.db.database() opens: the PostgreSQL URL if set, else the SQLite file."""
+        return self.ethan_database_url.strip() or self.db_path
+
+    def open_database(self):
+        from memory.db import database, is_database_url
+        target = self.database_target
+        if is_database_url(target):
+            return database(target, pool_size=self.ethan_database_pool)
+        return database(target)
 
     def is_admin(self, open_id: str) -> bool:
         return open_id in self.ethan_admins

@@ -224,10 +224,10 @@ class TerminalChat:
         from memory.db import Database
         from memory.sessions import AmbiguousSession, SessionNotFound, SessionStore
 
-        if not self.settings.db_path.exists():
+        if not self.settings.ethan_database_url and not self.settings.db_path.exists():
             raise ResumeError(f"ethan: no session of {self.user_id} to resume (nothing stored yet in "
                               f"{self.settings.ethan_home})")
-        db = await Database(self.settings.db_path).open()
+        db = await self.settings.open_database().open()
         try:
             store = SessionStore(db, idle_timeout=self.settings.ethan_session_idle_hours * 3600)
             before = await store.active(self.conv_key)
