@@ -28,9 +28,29 @@ def pg_cluster():
         cluster.stop()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--backend", choices=BACKENDS, default="sqlite",
+                     help="the backend of every app the tests start and of the default `db` "
+                          "(the store contract suites run on both regardless)")
+
+
 @pytest.fixture
-def backend() -> str:
-    return "sqlite"
+def backend(request) -> str:
+    return request.config.getoption("--backend")
+
+
+@pytest.fixture(autouse=True)
+def _app_database(request):
+    """Under --backend=postgres, each test's apps share one fresh PostgreSQL database."""
+    if request.config.getoption("--backend") != "postgres":
+        yield
+        return
+    from tests import harness
+    harness.DATABASE_URL["url"] = request.getfixturevalue("pg_cluster").new_database()
+    try:
+        yield
+    finally:
+        harness.DATABASE_URL["url"] = ""
 
 
 @pytest.fixture

@@ -34,6 +34,10 @@ from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.lark_events import make_text_event, webhook_request
 
+# Set per test by tests/conftest.py under `pytest --backend=postgres`: the apps a test starts
+# then keep their memory in that test's own PostgreSQL database instead of $ETHAN_HOME.
+DATABASE_URL = {"url": ""}
+
 ENCRYPT_KEY = "test-encrypt-key"
 VERIFICATION_TOKEN = "vtoken"
 BOT_OPEN_ID = "ou_bot"
@@ -68,6 +72,7 @@ def make_settings(home: Path, *, lark: FakeLark | None, model: FakeAnthropic | N
         ethan_console_token="",
         ethan_reply_deadline=10.0,
         ethan_shutdown_deadline=5.0,
+        ethan_database_url=DATABASE_URL["url"],
     )
     values.update(overrides)
     return Settings(**values)
