@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("--user", required=True, metavar="OPEN_ID", help="who will own the imported memory")
     mi.add_argument("dir", metavar="DIR", help="an export directory")
 
+    dbp = sub.add_parser("db", help="copy the SQLite database into PostgreSQL",
+                         description="Copy $ETHAN_HOME/ethan.db into the PostgreSQL database at URL "
+                                     "(migrated first): idempotent, row counts verified.")
+    dbs = dbp.add_subparsers(dest="action", metavar="ACTION")
+    dbs.required = True
+    dc = dbs.add_parser("copy", help="copy every table into PostgreSQL (safe to run again)")
+    dc.add_argument("--to", required=True, metavar="URL", help="postgresql://user:pass@host:5432/db")
+
     backup = sub.add_parser("backup", help="consistent copy of the database (safe while the server runs)",
                             description="Copy the database with SQLite's online backup API (consistent while "
                                         "the server writes), check the copy's integrity, print its path and "
@@ -185,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(lambda: MEMORY_ACTIONS[args.action](settings, args), settings)
     if command == "backup":
         return _run(lambda: _backup(settings, args), settings)
+    if command == "db":
+        return _run(lambda: _db_copy(settings, args), settings)
     print(f"ethan: unknown command {command!r}", file=sys.stderr)
     return EXIT_USAGE
 
@@ -559,6 +569,35 @@ async def _memory_import(settings: Settings, args: argparse.Namespace) -> int:
 
 
 MEMORY_ACTIONS = {"export": _memory_export, "import": _memory_import}
+
+
+# --------------------------------------------------------------------------------------
+# ethan db copy
+# --------------------------------------------------------------------------------------
+
+async def _db_copy(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.copy import copy_database
+    from memory.db import Database, database, is_database_url
+
+    if not is_database_url(args.to):
+        raise CliError(f"ethan: --to {args.to!r}: not a postgresql:// URL")
+    if not settings.db_path.exists():
+        raise CliError(f"ethan: no database at {settings.db_path} to copy", EXIT_FAIL)
+    source = await Database(settings.db_path).open()
+    try:
+        target = await database(args.to).open()
+        try:
+            result = await copy_database(source, target)
+        finally:
+            await target.close()
+    finally:
+        await source.close()
+    total = sum(result.counts.values())
+    new = sum(result.copied.values())
+    print(f"copied {settings.db_path} to PostgreSQL: {new} new rows, {total} rows in all, counts verified")
+    for t, n in result.counts.items():
+        print(f"  {t:<22} {n:>8}  (+{result.copied.get(t, 0)})")
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------------------
