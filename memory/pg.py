@@ -41,6 +41,11 @@ T = TypeVar("T")
 WRITE_LOCK = 0x45746861      # "Etha": the advisory lock every write transaction holds
 MIGRATE_LOCK = 0x45746862    # concurrent `ethan serve` starts migrate one at a time
 DEFAULT_POOL = 8
+# Connections are in autocommit mode and transactions are begun by hand, so that BEGIN and the
+# write lock go in one round trip (psycopg's implicit BEGIN would be a round trip of its own),
+# and a one-statement read is one round trip with no transaction around it.
+_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
+_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
 # -- rows: sqlite3.Row's shape (by index and by name, dict(row)) ---------------------------
@@ -289,7 +294,8 @@ class PgDatabase:
         self._executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="pg")
         self._pool = ConnectionPool(
             self.url, min_size=1, max_size=self.pool_size, open=False, configure=_configure,
-            kwargs={"row_factory": _row_factory, "connect_timeout": max(1, int(self.connect_timeout))},
+            kwargs={"row_factory": _row_factory, "autocommit": True,
+                    "connect_timeout": max(1, int(self.connect_timeout))},
             timeout=self.connect_timeout, name="ethan")
         try:
             await self._hop(lambda: self._pool.open(wait=True, timeout=self.connect_timeout))
@@ -325,26 +331,28 @@ class PgDatabase:
         except (psycopg.OperationalError, psycopg_pool_timeout()) as e:
             raise _unavailable(e) from e
 
-    def _unit(self, fn: Callable[..., T], args: tuple, write: bool) -> T:
+    def _unit(self, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+        """``write``: True = a write transaction; False = a read snapshot; None = one statement
+        (its own snapshot already, no transaction needed)."""
         assert self._pool is not None
         with self._pool.connection() as raw:
             conn = Connection(raw)
+            if write is None:
+                return fn(conn, *args)
+            raw.execute(_BEGIN_WRITE if write else _BEGIN_READ)
             try:
-                if write:
-                    raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
-                else:
-                    raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 result = fn(conn, *args)
             except BaseException:
-                raw.rollback()
+                with contextlib.suppress(Exception):
+                    raw.execute("ROLLBACK")
                 raise
-            raw.commit()
+            raw.execute("COMMIT")
             return result
 
     def _migrate(self) -> None:
         assert self._pool is not None
         with self._pool.connection() as raw:
-            raw.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+            raw.execute(f"BEGIN; SELECT pg_advisory_xact_lock({MIGRATE_LOCK})")
             raw.execute("CREATE TABLE IF NOT EXISTS schema_version"
                         " (version BIGINT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)")
             current = raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
@@ -357,7 +365,7 @@ class PgDatabase:
                 raw.execute(PG_MIGRATIONS[version - 1])
                 raw.execute("INSERT INTO schema_version(version, applied_at) VALUES (%s, %s)",
                             (version, time.time()))
-            raw.commit()   # releases the migration lock with the transaction
+            raw.execute("COMMIT")   # releases the migration lock with the transaction
 
     def _tx_of_task(self) -> Connection | None:
         return self._tx.get(asyncio.current_task()) if self._tx else None
@@ -385,12 +393,18 @@ class PgDatabase:
         rows = list(rows)
         await self.write(lambda c: c.executemany(sql, rows))
 
+    async def _statement(self, sql: str, params: Sequence[Any]) -> list:
+        conn = self._tx_of_task()
+        if conn is not None:
+            return await self._hop(lambda: conn.execute(sql, params).fetchall())
+        return await self._hop(lambda: self._unit(lambda c: c.execute(sql, params).fetchall(), (), None))
+
     async def fetchone(self, sql: str, params: Sequence[Any] = ()):
-        rows = await self.read(lambda c: c.execute(sql, params).fetchall())
+        rows = await self._statement(sql, params)
         return rows[0] if rows else None
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list:
-        return await self.read(lambda c: c.execute(sql, params).fetchall())
+        return await self._statement(sql, params)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:
@@ -403,7 +417,7 @@ class PgDatabase:
         raw = await self._hop(cm.__enter__)
         conn = Connection(raw)
         try:
-            await self._hop(lambda: raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,)))
+            await self._hop(lambda: raw.execute(_BEGIN_WRITE))
             task = asyncio.current_task()
             self._tx[task] = conn
             try:
@@ -412,12 +426,12 @@ class PgDatabase:
                 self._tx.pop(task, None)
         except BaseException:
             with contextlib.suppress(Exception):
-                await self._hop(raw.rollback)
+                await self._hop(lambda: raw.execute("ROLLBACK"))
             await self._hop(lambda: cm.__exit__(None, None, None))
             raise
         else:
             try:
-                await self._hop(raw.commit)
+                await self._hop(lambda: raw.execute("COMMIT"))
             finally:
                 await self._hop(lambda: cm.__exit__(None, None, None))
 
