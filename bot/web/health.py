@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Protocol
 
@@ -36,7 +37,7 @@ def _why_not(ethan: Probed, db_ok: bool, transport: dict) -> str:
     if not ethan.ready:
         return "starting"
     if not db_ok:
-        return "database closed"
+        return "database unreachable" if getattr(ethan.db, "dialect", "") == "postgres" else "database closed"
     if not transport["ready"]:
         detail = transport.get("reason")
         return f"{transport['kind']} {transport.get('state', 'not ready')}" + (f": {detail}" if detail else "")
@@ -50,6 +51,12 @@ def setup_health(web_app: web.Application, ethan: Probed) -> None:
     async def healthz(request: web.Request) -> web.Response:
         s = ethan.settings
         db_ok = ethan.db is not None and ethan.db.is_open
+        if db_ok and getattr(ethan.db, "dialect", "sqlite") == "postgres":
+            # A server database can be down while we run: ready only while it answers.
+            try:
+                await asyncio.wait_for(ethan.db.ping(), 2.0)
+            except Exception:
+                db_ok = False
         if not s.lark_enabled:
             transport = {"kind": "none", "ready": True}
         elif s.lark_transport == "webhook":
