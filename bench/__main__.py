@@ -41,6 +41,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("cost", "bench.bench_cost", "8. Prompt-cache cost"),
     ("providers", "bench.bench_providers", "9. Model adapters: OpenAI-compatible vs Anthropic"),
     ("image", "bench.bench_image", "10. Answering an image message"),
+    ("pg", "bench.bench_pg", "11. PostgreSQL vs SQLite"),
 ]
 
 
