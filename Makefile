@@ -17,11 +17,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/ethan serve
 
-# The whole suite (the store contract suites on SQLite and PostgreSQL), then the apps of
-# tests/e2e and tests/bot once more on PostgreSQL. Both start a throwaway cluster of their own.
+# The whole suite: the store contract suites run on SQLite and on PostgreSQL (a throwaway
+# cluster the suite starts itself). `pytest --backend=postgres tests/e2e tests/bot` runs the apps
+# on PostgreSQL too; not in `make test` until episode search is ported (docs/operations.md).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q -m "" --backend=postgres tests/e2e tests/bot $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
