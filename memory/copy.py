@@ -18,7 +18,8 @@ from memory.db import Database, DatabaseError, dialect_of
 # Parents before children (foreign keys); the PostgreSQL schema's order.
 ORDER = ("inbox", "outbox", "modes", "audit", "sessions", "conversations", "conversation_members",
          "messages", "warm_summaries", "consolidation_state", "consolidation_writes", "facts",
-         "procedures", "profile_entries", "episodes", "episode_chunks", "fact_sources")
+         "procedures", "profile_entries", "episodes", "episode_chunks", "fact_sources",
+         "chat_greetings", "card_confirmations")
 BATCH = 1000
 
 

@@ -287,4 +287,23 @@ CREATE TABLE fact_sources (
 CREATE INDEX fact_sources_session ON fact_sources(session_id);
 """
 
-PG_MIGRATIONS: list[str] = [V1, V2, V3, V4]
+# Version 5 (rich's inbox dedup keyed on the event, greetings, card confirmations).
+V5 = """
+ALTER TABLE inbox ADD COLUMN event_type TEXT NOT NULL DEFAULT 'im.message.receive_v1';
+ALTER TABLE inbox ADD COLUMN dedup_key TEXT UNIQUE;
+UPDATE inbox SET dedup_key = 'msg:' || message_id WHERE message_id IS NOT NULL;
+ALTER TABLE inbox DROP CONSTRAINT inbox_message_id_key;
+CREATE TABLE chat_greetings (
+    chat_id       TEXT PRIMARY KEY,
+    kind          TEXT NOT NULL,
+    at            DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE card_confirmations (
+    card_message_id TEXT PRIMARY KEY,
+    user_id       TEXT NOT NULL,
+    outcome       TEXT NOT NULL,
+    at            DOUBLE PRECISION NOT NULL
+);
+"""
+
+PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
