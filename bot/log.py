@@ -19,7 +19,9 @@ _SECRET_VALUES = re.compile(r"(sk-ant-[\w-]{6,}|sk-[\w-]{16,}|t-[0-9a-f]{32,}|Be
 
 def _scrub(_, __, event_dict: dict) -> dict:
     for k, v in list(event_dict.items()):
-        if _SECRET_KEYS.search(k) and k not in ("event",) and v not in (None, "", False):
+        # A number is never a secret: token *counts* (input_tokens, …) stay readable.
+        if _SECRET_KEYS.search(k) and k != "event" and v not in (None, "", False) \
+                and not isinstance(v, (int, float)):
             event_dict[k] = "[redacted]"
         elif isinstance(v, str):
             event_dict[k] = _SECRET_VALUES.sub("[redacted]", v)
