@@ -143,16 +143,26 @@ async def test_lost_response_is_retried_without_doubling(fake, make_sender):
 
 @pytest.mark.parametrize("mode", ["503", "reset"])
 async def test_open_api_down_for_a_while_still_delivers_once(fake, make_sender, mode):
-    sender = make_sender(base_delay=0.05, max_delay=0.2, budget_s=5.0)
+    sender = make_sender(base_delay=0.05, max_delay=0.2, budget_s=60.0, max_attempts=50)
     mid = message_at(fake)
     await sender.add_reaction(mid)  # token fetched before the outage
-    fake.set_down(0.8, mode=mode)
+    # Down until the fake has turned away three reply attempts, then up: an outage of a fixed
+    # 0.8 s could be over before a starved test process sent its first attempt (no retry at
+    # all), or outlast the attempts on a loaded machine.
+    fake.set_down(60, mode=mode)
+
+    async def back_up_after_three_attempts() -> None:
+        await wait_for(lambda: len(fake.calls_to("/reply")) >= 3, 60)
+        fake.set_down(0)
+
+    outage = asyncio.create_task(back_up_after_three_attempts())
     with structlog.testing.capture_logs() as logs:
         await sender.reply(mid, "text", {"text": "after the outage"}, uuid="u-down", chat_id=CHAT)
+    await outage
 
     assert [(m.text, m.uuid) for m in fake.messages()] == [("after the outage", "u-down")]
     retries = [e for e in logs if e["event"] == "lark.send.retry"]
-    assert retries and all(e["category"] == "transient" for e in retries)
+    assert len(retries) >= 3 and all(e["category"] == "transient" for e in retries)
     assert not [e for e in logs if e["event"] == "reply.failed"]
 
 
