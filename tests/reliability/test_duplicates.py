@@ -90,7 +90,7 @@ async def test_redelivery_while_the_first_delivery_is_still_being_answered(tmp_p
 
         h.model.responder = responder
         assert (await h.post(event))[0] == 200
-        await asyncio.sleep(0.3)                         # the model is working on it
+        await h.model.wait_for_requests_async(1, timeout=30)   # the model is working on it
         for _ in range(4):
             assert (await h.post(event))[0] == 200
         assert (await h.post(_with_new_event_id(event, "ev_retry_twin")))[0] == 200
@@ -109,7 +109,7 @@ async def test_redelivery_after_a_restart_that_cut_the_answer_short(tmp_path):
     async with Harness(tmp_path, ethan_shutdown_deadline=0.5) as h:
         h.model.responder = lambda req: Delay(30, Text("never"))
         assert (await h.post(event))[0] == 200
-        await asyncio.sleep(0.3)
+        await h.model.wait_for_requests_async(1, timeout=30)   # being answered (not a fixed sleep)
         await h.stop_app()                               # cancelled: still pending
         h.model.responder = _remembering
         await h.start_app()                              # answered from the inbox

@@ -132,9 +132,14 @@ async def test_failing_consolidation_model_never_touches_replies(tmp_path, logs)
         for i in range(8):
             await h.send_text(f"message number {i}", **ALICE)
             await h.replies(i + 1)
-        await asyncio.sleep(0.5)
+        # The failure is recorded in the background: wait for it, up to a generous 30 s (a fixed
+        # 0.5 s can be too short on a loaded machine).
+        for _ in range(600):
+            state = await h.app.db.fetchone("SELECT failures, next_attempt_at FROM consolidation_state")
+            if state is not None and state["failures"] >= 1:
+                break
+            await asyncio.sleep(0.05)
         assert [m.text for m in h.lark.messages()] == [f"echo: message number {i}" for i in range(8)]
         assert h.model.tool_requests("write_summary") or h.model.structured_requests()
-        state = await h.app.db.fetchone("SELECT failures, next_attempt_at FROM consolidation_state")
         assert state is not None and state["failures"] >= 1 and state["next_attempt_at"] > time.time()
     assert not logs.errors(), logs.errors()[:3]

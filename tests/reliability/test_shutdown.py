@@ -128,8 +128,9 @@ async def test_stop_under_load_finishes_in_flight_and_loses_nothing(tmp_path, la
         in_flight = _in_flight(model, events)
 
         t0 = time.monotonic()
+        app = h.app
         stop = asyncio.create_task(h.stop_app())
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: app.closing, 10, "the stop begun")   # not a fixed sleep: load delays it
         late = make_text_event("conv99-seq0 late question", chat_id="oc_p2p_99", sender="ou_99")
         late_status, _ = await h.post(late)
         assert late_status == 503, late_status
@@ -178,7 +179,8 @@ async def test_sigterm_under_load_finishes_in_flight_and_loses_nothing(server, l
         in_flight = _in_flight(model, events)
 
         term = asyncio.create_task(srv.terminate(timeout=deadline + 20))
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: any(e.get("event") == "app.stopping" for e in srv.entries()), 20,
+                         "the server stopping")                       # not a fixed sleep: load delays it
         late = make_text_event("conv99-seq0 late question", chat_id="oc_p2p_99", sender="ou_99")
         assert await post_event(http, srv.url, late) in (503, None)
         code, seconds = await term
@@ -212,8 +214,9 @@ async def test_refusing_events_while_stopping_is_not_an_error(tmp_path, logs):
         h.model.responder = lambda req: Delay(1.0, Text("slow answer"))
         await h.send_text("first", chat_id="oc_p2p_alice", sender="ou_alice")
         await asyncio.sleep(0.3)
+        app = h.app
         stop = asyncio.create_task(h.stop_app())
-        await asyncio.sleep(0.1)
+        await wait_until(lambda: app.closing, 10, "the stop begun")
         status, _ = await h.post(make_text_event("during the stop", chat_id="oc_p2p_bob", sender="ou_bob"))
         await stop
         assert status == 503
