@@ -107,9 +107,14 @@ async def test_conversations_run_in_parallel_and_each_keeps_its_order(tmp_path):
         await h.send_text("slow-2", chat_id="oc_slow", sender="ou_slow")
         for i in range(1, 4):
             await h.send_text(f"fast-{i}", chat_id="oc_fast", sender="ou_fast")
-        await asyncio.sleep(1.0)
+        # Not held up: all three fast answers are out before slow-1's (a wait for them, not a
+        # fixed 1 s, which a loaded machine could overrun; the 3 s of slow-1 is the margin).
+        for _ in range(600):                  # up to 30 s
+            if sum(m.text.startswith("answer fast-") for m in h.lark.messages()) == 3:
+                break
+            await asyncio.sleep(0.05)
         texts = [m.text for m in h.lark.messages()]
-        assert texts == ["answer fast-1", "answer fast-2", "answer fast-3"], texts  # not held up
+        assert texts == ["answer fast-1", "answer fast-2", "answer fast-3"], texts
         await h.replies(5, timeout=10)
         texts = [m.text for m in h.lark.messages()]
         assert texts.index("answer slow-1") < texts.index("answer slow-2")
