@@ -32,7 +32,7 @@ from typing import Any
 import openai
 
 from bot.llm.policy import (
-    StructuredModes, json_instruction, log, parse_json_object, parse_retry_after, with_policy,
+    StructuredModes, json_instruction, log, parse_json_object, parse_retry_after, policy_turn,
 )
 from memory.llm import ModelFailure, ModelRequest, ModelResponse, OnText, StopReason, Usage
 from memory.models import caps
@@ -204,19 +204,9 @@ class OpenAIChatModel:
 
     async def turn(self, request: ModelRequest, *, on_text: OnText | None = None,
                    deadline: float) -> ModelResponse:
-        if request.structured is None:
-            return await with_policy(lambda: self._stream(request, on_text, None), deadline=deadline,
-                                     classify=classify, model=self.name)
-        mode = self.modes.mode_for(self.name)
-        while True:
-            try:
-                return await with_policy(lambda: self._stream(request, on_text, mode), deadline=deadline,
-                                         classify=classify, model=self.name)
-            except ModelFailure as failure:
-                nxt = self.modes.step_down(self.name, mode, failure, _REJECTS)
-                if nxt is None:
-                    raise
-                mode = nxt
+        return await policy_turn(lambda mode: self._stream(request, on_text, mode),
+                                 structured=request.structured is not None, modes=self.modes,
+                                 rejects=_REJECTS, deadline=deadline, classify=classify, model=self.name)
 
     def _kwargs(self, request: ModelRequest, mode: str | None) -> dict[str, Any]:
         c = caps(self.name)

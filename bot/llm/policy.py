@@ -45,6 +45,24 @@ async def with_policy(call: Callable[[], Awaitable[Any]], *, deadline: float,
             raise failure from e
 
 
+async def policy_turn(stream: Callable[[str | None], Awaitable[Any]], *, structured: bool,
+                      modes: "StructuredModes", rejects: Any, deadline: float,
+                      classify: Callable[[BaseException], ModelFailure], model: str) -> Any:
+    """One adapter turn: ``stream(mode)`` under ``with_policy``; for a structured request, a 400
+    rejecting the current mode steps that model down (``StructuredModes``) and tries again."""
+    if not structured:
+        return await with_policy(lambda: stream(None), deadline=deadline, classify=classify, model=model)
+    mode = modes.mode_for(model)
+    while True:
+        try:
+            return await with_policy(lambda: stream(mode), deadline=deadline, classify=classify, model=model)
+        except ModelFailure as failure:
+            nxt = modes.step_down(model, mode, failure, rejects)
+            if nxt is None:
+                raise
+            mode = nxt
+
+
 def parse_retry_after(headers: Any, names: tuple[str, ...] = ("retry-after",)) -> float | None:
     if headers is None:
         return None
