@@ -120,7 +120,7 @@ def run(quick: bool = False) -> list[str]:
             out["sqlite"].append(_run(convs, per_conv, conc, None, 1))
             out["pg"].append(_run(convs, per_conv, conc, cluster, 1))
             out["pg×2"].append(_run(convs, per_conv, conc, cluster, 2))
-        lines = ["## PostgreSQL vs SQLite (bench_pg)", "",
+        lines = ["### 11. PostgreSQL vs SQLite", "",
                  "| backend | messages | msg/s (median) | Ethan CPU ms/msg | PostgreSQL CPU ms/msg | non-200 |",
                  "|---|---|---|---|---|---|"]
         rate = {}

@@ -28,8 +28,23 @@ def _scrub(_, __, event_dict: dict) -> dict:
     return event_dict
 
 
+class _Stderr:
+    """A stream that always writes to the current ``sys.stderr``."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure_logging(level: str = "info", *, json: bool | None = None, stream=None) -> None:
-    stream = stream or sys.stderr
+    # Without a stream, write to whatever sys.stderr is at the time of each line, not the object
+    # it was at configuration (a redirected stderr that was later closed broke every log call).
+    stream = stream or _Stderr()
     if json is None:
         json = not stream.isatty()
     lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)

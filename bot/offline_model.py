@@ -397,7 +397,7 @@ _NAME = [
 
 
 def _tool_names(body: dict) -> set[str]:
-    return {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+    return {t["name"] for t in body.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)}
 
 
 _ASKING = re.compile(
