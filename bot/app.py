@@ -18,7 +18,6 @@ import dataclasses
 import gc
 import json
 import os
-import sqlite3
 import threading
 import time
 from typing import Any
@@ -45,7 +44,7 @@ from bot.outbox import Outbox
 from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
-from memory.db import Database, DatabaseError
+from memory.db import Database, is_database_error
 from memory.models import caps
 from memory.withdraw import cancel_pending
 from memory.episodic import EpisodeStore
@@ -58,15 +57,6 @@ from memory.working import MemoryConfig, WorkingMemory
 
 log = get_logger("ethan.app")
 
-
-def is_database_error(e: BaseException) -> bool:
-    """A failure of the database itself (locked, full, I/O), not a bug: worth a retry."""
-    seen = 0
-    while e is not None and seen < 5:
-        if isinstance(e, (sqlite3.Error, DatabaseError)):
-            return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False
 
 OFFLINE_PATH = "/_offline"
 REDELIVER_AFTER_S = 60.0   # an answer Lark did not take (the Open API down, a token problem) is tried again
@@ -94,11 +84,12 @@ class EthanApp:
         self.metrics = Metrics()
         self.usage = UsageBook()
         from bot.web.auth import ConsoleAuth, read_body_within
+        from bot.web.errors import storage_errors
 
         # One access decision for every route (bot/web/auth.py): a route added later is covered.
         self.auth = ConsoleAuth.from_settings(settings)
         self.web = web.Application(client_max_size=1024 * 1024,
-                                   middlewares=[self.auth.middleware, read_body_within()])
+                                   middlewares=[self.auth.middleware, read_body_within(), storage_errors()])
         self.db: Database | None = None
         self.memory: Memory | None = None
         self.agent: Agent | None = None

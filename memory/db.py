@@ -48,6 +48,17 @@ class IntegrityError(sqlite3.IntegrityError):
     ``except sqlite3.IntegrityError`` in a store catches both engines' violations."""
 
 
+def is_database_error(e: BaseException) -> bool:
+    """A failure of the database itself (locked, full, I/O, server gone), not a bug: worth a
+    retry, and a 503 rather than a 500 (the cause chain is followed a few links)."""
+    seen = 0
+    while e is not None and seen < 5:
+        if isinstance(e, (sqlite3.Error, DatabaseError)):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 def dialect_of(conn: Any) -> str:
     """``"sqlite"`` or ``"postgres"``: what a unit-of-work function (or a transaction) was
     given. The few statements the engines spell too differently to translate branch on it."""

@@ -22,7 +22,8 @@ stored twice. The same key with another body is refused (422). See bot/direct.py
 
 Access is the console's (``ETHAN_CONSOLE_TOKEN``, bot/web/auth.py); errors are JSON
 ``{"error": …}``: 400 bad JSON or fields (with the reason), 401/403 access, 422 key reused,
-503 not accepting messages, 504 no answer within the reply deadline.
+503 not accepting messages or the database unreachable (bot/web/errors.py), 504 no answer
+within the reply deadline.
 """
 
 from __future__ import annotations
