@@ -1,7 +1,8 @@
-"""Once-only records for chat events: a chat greeted, a confirmation card answered.
+"""Records of chat events: a chat greeted, a confirmation card answered, a chat the bot left.
 
-Both are decided by a unique key in one statement, so two deliveries (or two processes)
-racing on the same event cannot both win."""
+The once-only ones are decided by a unique key in one statement, so two deliveries (or two
+processes) racing on the same event cannot both win. The chats the bot was removed from are
+kept in the database so that a restart (or another replica) does not answer there again."""
 
 from __future__ import annotations
 
@@ -23,3 +24,17 @@ async def claim_card(db: Database, card_message_id: str, user_id: str, outcome: 
     return await db.execute(
         "INSERT INTO card_confirmations(card_message_id, user_id, outcome, at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT DO NOTHING", (card_message_id, user_id, outcome, time.time())) > 0
+
+
+async def chat_left(db: Database, chat_id: str) -> None:
+    """The bot was removed from ``chat_id``: messages still queued for it are not answered."""
+    await db.execute("INSERT INTO chats_left(chat_id, at) VALUES (?, ?)"
+                     " ON CONFLICT(chat_id) DO UPDATE SET at = excluded.at", (chat_id, time.time()))
+
+
+async def chat_rejoined(db: Database, chat_id: str) -> None:
+    await db.execute("DELETE FROM chats_left WHERE chat_id = ?", (chat_id,))
+
+
+async def chats_left(db: Database) -> set[str]:
+    return {r["chat_id"] for r in await db.fetchall("SELECT chat_id FROM chats_left")}

@@ -98,3 +98,17 @@ def test_copy_refuses_a_target_holding_another_database(home, pg_cluster, capsys
     assert main(["db", "copy", "--to", url]) != 0
     assert "row counts differ" in capsys.readouterr().err
     assert asyncio.run(_table_counts(url))["facts"] == 0    # rolled back: nothing half-copied
+
+
+async def test_the_copy_knows_every_table_of_the_schema(tmp_path):
+    """A table added by a migration but missing from memory.copy.ORDER would silently stay
+    behind when a team moves to PostgreSQL."""
+    from memory.copy import ORDER
+
+    db = await Database(tmp_path / "t.db").open()
+    try:
+        tables = set(await db.table_columns()) - {"schema_version"}
+    finally:
+        await db.close()
+    assert tables - set(ORDER) == set(), "add these tables to memory/copy.py ORDER"
+    assert set(ORDER) - tables == set()

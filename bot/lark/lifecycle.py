@@ -51,13 +51,13 @@ class LarkEvents:
 
     def __init__(self, deps: LarkEventDeps) -> None:
         self.d = deps
-        self.left_chats: set[str] = set()    # chats the bot was removed from (in this process)
+        self._left: set[str] | None = None    # chats the bot was removed from (memory/chat_events.py)
 
     async def __call__(self, item: InboxItem) -> bool:
         if item.event_type == events.MESSAGE_RECEIVE:
             # The common case decided from the stored type: the payload is parsed once, by the
             # decoder (not here too).
-            if item.chat_id in self.left_chats:
+            if item.chat_id in await self._left_chats():
                 await self._finish(item, "ignored", "bot removed from the chat")
                 return True
             return False
@@ -71,7 +71,7 @@ class LarkEvents:
             return True
         spec, ev = parsed
         if spec.kind == "message":
-            if item.chat_id in self.left_chats:
+            if item.chat_id in await self._left_chats():
                 await self._finish(item, "ignored", "bot removed from the chat")
                 return True
             return False
@@ -83,6 +83,12 @@ class LarkEvents:
             bound.warning("lark_event.failed", **e.log_fields())
             await self._finish(item, "failed", f"lark code {e.code}: {e.msg}")
         return True
+
+    async def _left_chats(self) -> set[str]:
+        # Read once per process, then kept current by this process's own join/leave events.
+        if self._left is None:
+            self._left = await chat_events.chats_left(self.d.db)
+        return self._left
 
     async def _finish(self, item: InboxItem, status: str, note: str = "") -> None:
         await self.d.inbox.finish(item.id, status, note)
@@ -107,7 +113,8 @@ class LarkEvents:
 
     # -- joining ----------------------------------------------------------------------------
     async def _on_joined(self, item: InboxItem, ev: events.ChatMemberBotEvent, bound: Any) -> None:
-        self.left_chats.discard(ev.chat_id)
+        (await self._left_chats()).discard(ev.chat_id)
+        await chat_events.chat_rejoined(self.d.db, ev.chat_id)
         if self.d.sender is None:
             await self._finish(item, "ignored", "no Lark sender")
             return
@@ -119,7 +126,8 @@ class LarkEvents:
 
     async def _on_left(self, item: InboxItem, ev: events.ChatMemberBotEvent, bound: Any) -> None:
         # Nothing can be sent there any more; queued messages of that chat are dropped.
-        self.left_chats.add(ev.chat_id)
+        (await self._left_chats()).add(ev.chat_id)
+        await chat_events.chat_left(self.d.db, ev.chat_id)
         bound.info("chat.left", operator=ev.operator_id.open_id)
         await self._finish(item, "done", "removed from chat")
 

@@ -15,4 +15,5 @@ MIGRATIONS: list[str] = [
     core.V3,       # outbox.card_id: the card a crashed reply was streaming into
     episodic.V4 + facts.V4,  # episodes index their turns (episode_chunks + FTS), dates; fact_sources
     core.V5,       # inbox dedup keyed on the event (dedup_key), chat_greetings
+    core.V6,       # chats_left: chats the bot was removed from survive a restart
 ]

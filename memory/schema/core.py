@@ -109,3 +109,12 @@ CREATE TABLE card_confirmations (
     at            REAL NOT NULL
 );
 """
+
+# chats_left: the chats the bot was removed from (im.chat.member.bot.deleted_v1), so a restart
+# or another replica does not answer messages still queued there; a re-add deletes the row.
+V6 = """
+CREATE TABLE chats_left (
+    chat_id       TEXT PRIMARY KEY,
+    at            REAL NOT NULL
+);
+"""

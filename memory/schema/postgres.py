@@ -306,4 +306,12 @@ CREATE TABLE card_confirmations (
 );
 """
 
-PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+# Version 6 (the chats the bot was removed from).
+V6 = """
+CREATE TABLE chats_left (
+    chat_id       TEXT PRIMARY KEY,
+    at            DOUBLE PRECISION NOT NULL
+);
+"""
+
+PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]

@@ -328,6 +328,16 @@ async def test_group_join_sends_one_introduction_and_p2p_greets_once(tmp_path):
         await h.send_text("还在吗", chat_id="oc_team", chat_type="group", sender="ou_alice")
         await h.idle()
         assert len(h.lark.messages(chat_id="oc_team")) == 1                # removed: stops answering
+        await h.restart()                                                  # ... and remembers it
+        before = len(h.lark.messages())
+        await h.send_text("重启后还在吗", chat_id="oc_team", chat_type="group", sender="ou_alice")
+        await h.idle()
+        assert len(h.lark.messages()) == before
+        await post_ok(h, make_bot_added_event("oc_team"))                  # added again: answers again
+        await h.idle()
+        await h.send_text("回来了吗", chat_id="oc_team", chat_type="group", sender="ou_alice")
+        await h.idle()
+        assert len(h.lark.messages()) == before + 2                        # the introduction + the answer
 
 
 async def test_unknown_event_type_is_acknowledged_and_ignored(tmp_path):
