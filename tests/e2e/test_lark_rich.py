@@ -15,6 +15,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from tests.fakes.fake_anthropic import Stall, Text, ToolUse
@@ -147,6 +148,84 @@ async def test_pdf_text_reaches_the_model(tmp_path):
         text = h.model.last_user_text(h.model.chat_requests()[-1])
         assert "Quarterly revenue grew 42 percent" in text and "report.pdf" in text
         assert h.lark.calls_to("/resources/file_v3_pdf")[0].query.get("type") == "file"
+
+
+def _docx() -> bytes:
+    import docx
+
+    d = docx.Document()
+    d.add_heading("季度复盘", 1)
+    d.add_paragraph("华东区收入增长 42%，主要来自新客户。")
+    table = d.add_table(rows=1, cols=2)
+    table.rows[0].cells[0].text, table.rows[0].cells[1].text = "负责人", "林一"
+    out = io.BytesIO()
+    d.save(out)
+    return out.getvalue()
+
+
+def _pptx() -> bytes:
+    import pptx
+
+    deck = pptx.Presentation()
+    for i in range(1, 12):                      # 11 slides: slide10.xml must not sort before slide2.xml
+        slide = deck.slides.add_slide(deck.slide_layouts[1])
+        slide.shapes.title.text = f"第{i}页"
+        slide.placeholders[1].text = f"要点 {i}: launch plan item {i}"
+    out = io.BytesIO()
+    deck.save(out)
+    return out.getvalue()
+
+
+def _xlsx() -> bytes:
+    import openpyxl
+
+    book = openpyxl.Workbook()
+    sheet = book.active
+    sheet.append(["城市", "销量"])
+    sheet.append(["上海", 1200])
+    sheet.append(["杭州", 860.5])
+    other = book.create_sheet("Q2")
+    other.append(["Shenzhen", 990])
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
+def _xlsx_shared_strings() -> bytes:
+    import xlsxwriter                            # writes text as shared strings, as Excel does
+
+    out = io.BytesIO()
+    book = xlsxwriter.Workbook(out)
+    sheet = book.add_worksheet()
+    sheet.write_row(0, 0, ["城市", "销量"])
+    sheet.write_row(1, 0, ["上海", 1200])
+    book.close()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name, build, expect", [
+    ("review.docx", _docx, ["季度复盘", "华东区收入增长 42%，主要来自新客户。", "负责人", "林一"]),
+    ("deck.pptx", _pptx, ["# slide 1\n第1页\n要点 1: launch plan item 1", "# slide 11\n第11页"]),
+    ("sales.xlsx", _xlsx, ["城市\t销量", "上海\t1200", "杭州\t860.5", "Shenzhen\t990"]),   # inline strings
+    ("excel.xlsx", _xlsx_shared_strings, ["城市\t销量", "上海\t1200"]),
+])
+async def test_office_file_text_reaches_the_model(tmp_path, name, build, expect):
+    """Files written by the real python-docx / python-pptx / openpyxl / XlsxWriter, read by our
+    standard-library reader."""
+    async with Harness(tmp_path) as h:
+        ev = make_file_event("file_v3_office", name, **ALICE)
+        h.lark.add_resource(ev["event"]["message"]["message_id"], "file_v3_office", build(),
+                            "application/octet-stream")
+        h.model.script(Text("读完了。"))
+        await post_ok(h, ev)
+        await h.replies(1)
+        await h.idle()
+        text = h.model.last_user_text(h.model.chat_requests()[-1])
+        assert name in text
+        for piece in expect:
+            assert piece in text, (piece, text[:2000])
+        if name.endswith(".pptx"):
+            assert text.index("# slide 2\n") < text.index("# slide 10\n") < text.index("# slide 11\n")
 
 
 async def test_long_text_file_is_cut_with_a_note(tmp_path):
