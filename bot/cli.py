@@ -605,6 +605,8 @@ async def _db_copy(settings: Settings, args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 async def _backup(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.db import check_file
+
     target = Path(args.path).expanduser()
     if target.is_dir() or args.path.endswith(("/", os.sep)):
         target.mkdir(parents=True, exist_ok=True)
@@ -624,11 +626,7 @@ async def _backup(settings: Settings, args: argparse.Namespace) -> int:
         raise
     finally:
         await db.close()
-    conn = sqlite3.connect(str(part))
-    try:
-        check = conn.execute("PRAGMA integrity_check").fetchone()[0]
-    finally:
-        conn.close()
+    check = check_file(part)
     if check != "ok":
         part.unlink(missing_ok=True)
         raise CliError(f"ethan: the copy failed its integrity check ({check}); nothing written", EXIT_FAIL)

@@ -37,6 +37,7 @@ from memory.audit import AuditLog
 from memory.erase import erase_user, forget_memory
 from memory.modes import COMPANION, WORK, parse_mode
 from memory.scope import Scope
+from memory.stats import Stats
 
 log = get_logger("ethan.commands")
 
@@ -217,13 +218,8 @@ class Commands:
     async def _chinese(self, inbound: Inbound, text: str) -> bool:
         if is_chinese(text):
             return True
-        session = await self.mem.sessions.active(inbound.conv_key)
-        if session is None:
-            return False
-        row = await self.db.fetchone(
-            "SELECT content FROM messages WHERE session_id = ? AND sender_id = ? AND role = 'user'"
-            " ORDER BY id DESC LIMIT 1", (session.id, inbound.sender_id))
-        return bool(row) and is_chinese(row["content"])
+        last = await self.mem.sessions.last_user_text(inbound.conv_key, inbound.sender_id)
+        return last is not None and is_chinese(last)
 
     async def _refuse(self, ctx: Ctx) -> str:
         user_form = ctx.name == "reset" and bool(ctx.args) and ctx.args[0].casefold() in ("user", "用户")
@@ -511,20 +507,9 @@ class Commands:
                      f"{c.get('messages', 0)} messages, {c.get('episodes', 0)} episodes, …).")
 
     async def stats(self, ctx: Ctx) -> str:
-        db = self.db
-
-        async def count(sql: str) -> int:
-            row = await db.fetchone(sql)
-            return int(row[0] or 0) if row else 0
-
-        users = await count(
-            "SELECT COUNT(*) FROM (SELECT user_id FROM conversation_members UNION SELECT user_id FROM facts"
-            " UNION SELECT user_id FROM profile_entries UNION SELECT user_id FROM episodes)")
-        conversations = await count("SELECT COUNT(*) FROM conversations")
-        sessions = await count("SELECT COUNT(*) FROM sessions")
-        messages = await count("SELECT COUNT(*) FROM messages")
-        facts = await count("SELECT COUNT(*) FROM facts WHERE superseded_at IS NULL")
-        episodes = await count("SELECT COUNT(*) FROM episodes")
+        t = await Stats(self.db).totals()
+        users, conversations, sessions, messages = t.users, t.conversations, t.sessions, t.messages
+        facts, episodes = t.facts, t.episodes
         run, queue = self.d.runtime(), self.mem.queue
         calls, failures = run.model_calls, run.model_failures
         depth = queue.depth if queue is not None else 0

@@ -305,6 +305,16 @@ class Database:
         return out
 
 
+def check_file(path: str | Path) -> str:
+    """SQLite's integrity check of a database file nobody has open (a backup before it is kept):
+    ``"ok"`` or the first problem found."""
+    conn = sqlite3.connect(str(path))
+    try:
+        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def _checkpoint_thread(path: str, interval: float, stop: threading.Event) -> None:
     conn = sqlite3.connect(path)
     try:

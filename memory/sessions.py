@@ -286,6 +286,18 @@ class SessionStore:
         )
         return _session(row) if row else None
 
+    async def last_user_text(self, conv_key: str, sender_id: str) -> str | None:
+        """What ``sender_id`` last said in the conversation's open session (None if nothing):
+        the language a command answers in follows it."""
+        row = await self.db.fetchone(
+            "SELECT m.content FROM conversations c JOIN sessions s ON s.id = c.active_session_id"
+            " JOIN messages m ON m.session_id = s.id"
+            " WHERE c.conv_key = ? AND s.closed_at IS NULL AND m.sender_id = ? AND m.role = 'user'"
+            " ORDER BY m.id DESC LIMIT 1",
+            (conv_key, sender_id),
+        )
+        return row["content"] if row else None
+
     async def messages(
         self, session_id: str, after_id: int = 0, limit: int | None = None
     ) -> list[StoredMessage]:

@@ -19,6 +19,7 @@ from bot.direct import Conversations
 from bot.log import get_logger
 from bot.web.auth import ConsoleAuth
 from memory.scope import Scope
+from memory.stats import KnownUser, Stats
 
 log = get_logger("ethan.console")
 
@@ -129,55 +130,22 @@ class ConsoleData:
     # -- users -------------------------------------------------------------------------
     async def users(self) -> list[dict]:
         """Everyone the bot knows of: from messages, facts, profile, rules and episodes."""
-        db = self.m.db
-        rows = await db.fetchall(
-            "SELECT u.user_id AS user_id, MAX(u.last) AS last,"
-            " (SELECT m.sender_name FROM messages m WHERE m.sender_id = u.user_id AND m.sender_name <> ''"
-            "  ORDER BY m.id DESC LIMIT 1) AS name"
-            " FROM ("
-            "  SELECT sender_id AS user_id, MAX(created_at) AS last FROM messages"
-            "   WHERE role = 'user' AND sender_id <> '' GROUP BY sender_id"
-            "  UNION ALL SELECT user_id, MAX(updated_at) FROM facts GROUP BY user_id"
-            "  UNION ALL SELECT user_id, MAX(updated_at) FROM profile_entries GROUP BY user_id"
-            "  UNION ALL SELECT scope_id, MAX(created_at) FROM procedures WHERE scope = 'user' GROUP BY scope_id"
-            "  UNION ALL SELECT user_id, MAX(timestamp) FROM episodes GROUP BY user_id"
-            " ) u WHERE u.user_id <> '' GROUP BY u.user_id ORDER BY last DESC LIMIT ?",
-            (1000,),
-        )
-        counts: dict[str, dict[str, int]] = {}
-        for key, sql in (
-            ("facts", "SELECT user_id AS u, COUNT(*) AS n FROM facts WHERE superseded_at IS NULL GROUP BY user_id"),
-            ("procedures", "SELECT scope_id AS u, COUNT(*) AS n FROM procedures WHERE scope = 'user' GROUP BY scope_id"),
-            ("profile", "SELECT user_id AS u, COUNT(*) AS n FROM profile_entries GROUP BY user_id"),
-            ("episodes", "SELECT user_id AS u, COUNT(*) AS n FROM episodes GROUP BY user_id"),
-            ("messages", "SELECT sender_id AS u, COUNT(*) AS n FROM messages WHERE role = 'user' GROUP BY sender_id"),
-        ):
-            for r in await db.fetchall(sql):
-                counts.setdefault(r["u"], {})[key] = r["n"]
-        out = []
-        for r in rows:
-            uid = r["user_id"]
-            c = counts.get(uid, {})
-            out.append({
-                "id": uid, "name": self.names.get(uid) or r["name"] or "", "last_seen": r["last"],
-                "facts": c.get("facts", 0), "procedures": c.get("procedures", 0),
-                "profile_entries": c.get("profile", 0), "episodes": c.get("episodes", 0),
-                "messages": c.get("messages", 0),
-            })
+        out = [self._user_dict(u.id, u) for u in await Stats(self.m.db).known_users()]
         known = {u["id"] for u in out}
-        for uid, name in self.names.items():
-            if uid not in known:
-                out.append({"id": uid, "name": name, "last_seen": None, "facts": 0, "procedures": 0,
-                            "profile_entries": 0, "episodes": 0, "messages": 0})
+        out.extend(self._user_dict(uid, None) for uid in self.names if uid not in known)
         return out
 
     async def user(self, user_id: str) -> dict:
         check_user(user_id)
-        for u in await self.users():
-            if u["id"] == user_id:
-                return u
-        return {"id": user_id, "name": self.names.get(user_id, ""), "last_seen": None, "facts": 0,
-                "procedures": 0, "profile_entries": 0, "episodes": 0, "messages": 0}
+        return self._user_dict(user_id, await Stats(self.m.db).known_user(user_id))
+
+    def _user_dict(self, user_id: str, u: KnownUser | None) -> dict:
+        if u is None:
+            return {"id": user_id, "name": self.names.get(user_id, ""), "last_seen": None, "facts": 0,
+                    "procedures": 0, "profile_entries": 0, "episodes": 0, "messages": 0}
+        return {"id": u.id, "name": self.names.get(u.id) or u.name, "last_seen": u.last_seen,
+                "facts": u.facts, "procedures": u.procedures, "profile_entries": u.profile_entries,
+                "episodes": u.episodes, "messages": u.messages}
 
     # -- profile -----------------------------------------------------------------------
     async def profile(self, user_id: str) -> dict:
