@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Sequence, TypeVar
 
 import aiosqlite
 
+from memory._aiosqlite_compat import run_in_thread
 from memory.schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 5000
@@ -271,15 +272,15 @@ class Database:
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the SQLite thread; sees only committed rows of other tasks."""
         async with self._read():
-            return await self.conn._execute(_call_on, self.conn, fn, args)
+            return await run_in_thread(self.conn, fn, *args)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` as one write transaction in the SQLite thread (rolled back if
         it raises). Inside ``transaction()`` of the same task it joins that transaction."""
         if self._tx_owner is not None and asyncio.current_task() is self._tx_owner:
-            return await self.conn._execute(_call_on, self.conn, fn, args)
+            return await run_in_thread(self.conn, fn, *args)
         async with self._write_lock:
-            return await self.conn._execute(_in_transaction, self.conn, fn, args)
+            return await run_in_thread(self.conn, _in_transaction, fn, args)
 
     async def backup_to(self, dest: str | Path) -> None:
         """A consistent copy while the server runs (SQLite online backup API)."""
@@ -338,12 +339,7 @@ def _many(conn: sqlite3.Connection, sql: str, rows: list) -> None:
     conn.executemany(sql, rows)
 
 
-def _call_on(aconn: aiosqlite.Connection, fn: Callable[..., T], args: tuple) -> T:
-    return fn(aconn._conn, *args)   # aiosqlite's sqlite3 connection, used in its own thread
-
-
-def _in_transaction(aconn: aiosqlite.Connection, fn: Callable[..., T], args: tuple) -> T:
-    conn = aconn._conn
+def _in_transaction(conn: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
     try:
         conn.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as e:
