@@ -10,6 +10,7 @@ then run for real against a local `ethan serve`.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import json
 import os
 import re
@@ -29,7 +30,8 @@ from bot.config import ConfigError, Settings, load_settings
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
-COMPOSE = DEPLOY / "compose.yaml"
+COMPOSE = DEPLOY / "compose.yaml"                 # scaled out: PostgreSQL, two replicas, a balancer
+COMPOSE_SINGLE = DEPLOY / "compose.single.yaml"   # one process on SQLite
 UNIT = DEPLOY / "ethan.service"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
@@ -167,11 +169,40 @@ def dockerfile() -> list[Instruction]:
     return parse_dockerfile(DOCKERFILE.read_text())
 
 
+REPLICAS = ("ethan-1", "ethan-2")
+SERVICES = {"postgres", *REPLICAS, "balancer"}
+HAPROXY = DEPLOY / "haproxy.cfg"
+# Named in compose.yaml ahead of the lease work that makes bot/config.py read them
+# (docs/reliability.md "Replicas"); once Settings has them they are checked like the rest.
+PENDING_SETTINGS = {"ETHAN_REPLICA_ID", "ETHAN_LEASE_SECONDS"}
+
+
 @pytest.fixture(scope="module")
-def service() -> dict:
-    compose = yaml.safe_load(COMPOSE.read_text())
-    assert list(compose["services"]) == ["ethan"]
-    return compose["services"]["ethan"]
+def compose() -> dict:
+    value = yaml.safe_load(COMPOSE.read_text())     # a YAML error fails every test using it
+    assert isinstance(value, dict) and isinstance(value.get("services"), dict), "not a compose file"
+    return value
+
+
+@pytest.fixture(scope="module")
+def replicas(compose) -> list[dict]:
+    """The `ethan serve` services of compose.yaml (two, on PostgreSQL, behind the balancer)."""
+    assert set(compose["services"]) == SERVICES, sorted(compose["services"])
+    return [compose["services"][name] for name in REPLICAS]
+
+
+@pytest.fixture(scope="module")
+def single() -> dict:
+    """compose.single.yaml's one `ethan serve` (SQLite on its volume)."""
+    value = yaml.safe_load(COMPOSE_SINGLE.read_text())
+    assert list(value["services"]) == ["ethan"]
+    return value["services"]["ethan"]
+
+
+@pytest.fixture(scope="module")
+def servers(replicas, single) -> list[dict]:
+    """Every `ethan serve` service of both compose files."""
+    return [*replicas, single]
 
 
 @pytest.fixture(scope="module")
@@ -181,14 +212,15 @@ def unit() -> dict[str, dict[str, list[str]]]:
 
 # --- the command -------------------------------------------------------------------------------
 
-def test_container_runs_the_command_make_run_runs(dockerfile, service, unit):
+def test_container_runs_the_command_make_run_runs(dockerfile, servers, unit):
     run = make_target_command("run")
     assert run == ["ethan", "serve"]
     cmd = exec_form(one(final_stage(dockerfile), "CMD").args)
     assert cmd == run, f"Dockerfile CMD {cmd} is not what `make run` runs ({run})"
     assert not any(i.cmd == "ENTRYPOINT" for i in dockerfile), "an ENTRYPOINT would change the command"
-    # compose keeps the image's command (or repeats it exactly)
-    assert service.get("command", cmd) == cmd
+    # compose keeps the image's command (or repeats it exactly), on every replica
+    for service in servers:
+        assert service.get("command", cmd) == cmd
     # systemd runs the same command from the install's virtualenv
     [exec_start] = unit["Service"]["ExecStart"]
     argv = shlex.split(exec_start)
@@ -207,19 +239,20 @@ def test_readme_says_make_run():
 
 def test_compose_and_unit_name_every_documented_variable():
     names = documented_variables()
-    for path in (COMPOSE, UNIT):
+    for path in (COMPOSE, COMPOSE_SINGLE, UNIT):
         text = path.read_text()
         missing = [n for n in names if not re.search(rf"\b{n}\b", text)]
         assert not missing, f"{path.relative_to(ROOT)} does not mention {missing} (.env.example documents them)"
 
 
-def test_fixed_environment_entries_are_real_settings(dockerfile, service, unit):
+def test_fixed_environment_entries_are_real_settings(dockerfile, servers, unit):
     fields = {name.upper() for name in Settings.model_fields}
     image_env = _dockerfile_env(dockerfile)
     unit_env = dict(e.split("=", 1) for e in unit["Service"].get("Environment", []))
-    for where, env in (("Dockerfile ENV", image_env), ("compose environment", service["environment"]),
+    for where, env in (("Dockerfile ENV", image_env), *(("compose environment", s["environment"]) for s in servers),
                        ("unit Environment=", unit_env)):
-        unknown = [k for k in env if k.startswith(("ETHAN_", "LARK_", "ANTHROPIC_")) and k not in fields]
+        unknown = [k for k in env if k.startswith(("ETHAN_", "LARK_", "ANTHROPIC_")) and k not in fields
+                   and k not in PENDING_SETTINGS]
         assert not unknown, f"{where} sets {unknown}, which bot/config.py does not read"
 
 
@@ -234,31 +267,149 @@ def _dockerfile_env(dockerfile: list[Instruction]) -> dict[str, str]:
     return env
 
 
-def test_data_lives_on_a_volume(dockerfile, service, unit):
+def test_data_lives_on_a_volume(dockerfile, servers, unit):
     stage = final_stage(dockerfile)
     env = _dockerfile_env(dockerfile)
     assert env["ETHAN_HOME"] == "/data"
     volumes = [v for i in stage if i.cmd == "VOLUME" for v in exec_form(i.args)]
     assert "/data" in volumes
-    assert service["environment"]["ETHAN_HOME"] == "/data"
-    assert any(str(v).split(":")[1] == "/data" for v in service["volumes"]), service["volumes"]
+    homes = []
+    for service in servers:
+        assert service["environment"]["ETHAN_HOME"] == "/data"
+        [home] = [str(v).split(":")[0] for v in service["volumes"] if str(v).split(":")[1] == "/data"]
+        homes.append(home)
+    assert len(set(homes)) == len(homes), f"each replica has a /data volume of its own: {homes}"
     s = unit["Service"]
     assert s["StateDirectory"] == ["ethan"]
     assert "/var/lib/ethan" in " ".join(s["ReadWritePaths"])
     assert "ETHAN_HOME=/var/lib/ethan" in s["Environment"]
 
 
-def test_container_listens_on_all_interfaces_but_publishes_on_loopback(dockerfile, service):
+def test_container_listens_on_all_interfaces_but_publishes_on_loopback(dockerfile, replicas, single, compose):
     """In a container the server must bind 0.0.0.0, which Ethan allows only with a console
-    token: the token comes from .env (env_file), and the host side stays on 127.0.0.1."""
+    token: the token comes from .env (env_file), and the host side stays on 127.0.0.1 — the
+    replicas publish nothing; the balancer's one port is on the host's loopback."""
     assert _dockerfile_env(dockerfile)["ETHAN_HOST"] == "0.0.0.0"
-    assert service["environment"]["ETHAN_HOST"] == "0.0.0.0"
     with pytest.raises(ConfigError, match="ETHAN_CONSOLE_TOKEN"):
         load_settings(_env_file=None, ethan_host="0.0.0.0", ethan_console_token="")
-    assert service["env_file"], "the token and the app's secrets come from .env"
-    for port in service["ports"]:
+    for service in replicas:
+        assert service["environment"]["ETHAN_HOST"] == "0.0.0.0"
+        assert service["env_file"], "the token and the app's secrets come from .env"
+        assert not service.get("ports"), "replicas are reached through the balancer only"
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name}: publish on the host's loopback only: {port}"
+    assert compose["services"]["balancer"]["ports"]
+    assert single["environment"]["ETHAN_HOST"] == "0.0.0.0" and single["env_file"]
+    for port in single["ports"]:
         assert str(port).startswith("127.0.0.1:"), f"publish on the host's loopback only: {port}"
     assert "ETHAN_CONSOLE_TOKEN" in OPERATIONS.read_text()
+
+
+# --- scaled out: PostgreSQL, two replicas, one balancer -----------------------------------------
+
+def _interpolated(value: str, **env: str) -> str:
+    """Compose's ${NAME}, ${NAME:-default}, ${NAME:?error} with ``env``."""
+    def sub(m):
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        if name in env:
+            return env[name]
+        assert op != ":?", f"${{{name}}} is required: {arg}"
+        return arg
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", sub, str(value))
+
+
+def test_postgres_service_is_the_official_debian_image_on_a_volume_with_a_healthcheck(compose):
+    pg = compose["services"]["postgres"]
+    image = pg["image"]
+    assert re.fullmatch(r"postgres:\d+(\.\d+)?-(bookworm|bullseye|trixie)", image), \
+        f"the official postgres image, its Debian variant: {image}"
+    assert any(str(v).split(":")[1] == "/var/lib/postgresql/data" and not str(v).startswith((".", "/"))
+               for v in pg["volumes"]), "the cluster lives on a named volume"
+    assert str(pg["volumes"][0]).split(":")[0] in compose["volumes"]
+    test = pg["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1] == "pg_isready", test
+    assert seconds(pg["healthcheck"]["timeout"]) < seconds(pg["healthcheck"]["interval"])
+    assert not pg.get("ports"), "PostgreSQL stays on the compose network"
+    assert "${POSTGRES_PASSWORD:?" in pg["environment"]["POSTGRES_PASSWORD"], "no default password"
+
+
+def test_two_replicas_share_the_postgres_database_with_distinct_ids(compose, replicas):
+    pg_env = compose["services"]["postgres"]["environment"]
+    ids = []
+    for name, service in zip(REPLICAS, replicas):
+        env = {k: _interpolated(v, POSTGRES_PASSWORD="s3cret") for k, v in service["environment"].items()}
+        url = env["ETHAN_DATABASE_URL"]
+        assert url == (f"postgresql://{pg_env['POSTGRES_USER']}:s3cret@postgres:5432/{pg_env['POSTGRES_DB']}"), url
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert service["image"] == "ethan:latest" and service["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert float(env["ETHAN_LEASE_SECONDS"]) > 0
+        ids.append(env["ETHAN_REPLICA_ID"])
+        # what the code makes of the replica's environment: PostgreSQL at that URL
+        settings = load_settings(_env_file=None, ethan_console_token="t" * 32,
+                                 **{k.lower(): v for k, v in env.items()
+                                    if k.startswith("ETHAN_") and k not in PENDING_SETTINGS})
+        assert settings.database_target == url
+    assert ids == list(REPLICAS), "each replica names itself (the owner on the rows it accepts)"
+
+
+def test_pools_fit_in_max_connections(compose, replicas):
+    command = compose["services"]["postgres"]["command"]
+    max_connections = int(command[command.index("-c") + 1].split("=")[1]) if "-c" in command else 100
+    env_example = dict(re.findall(r"^([A-Z][A-Z0-9_]*)=(.*)$", (ROOT / ".env.example").read_text(), re.M))
+    pool = int(env_example.get("ETHAN_DATABASE_POOL") or Settings.model_fields["ethan_database_pool"].default)
+    reserved = 3 + 5      # superuser_reserved_connections, and room for psql / pg_dump / ethan db copy
+    assert pool * len(replicas) <= max_connections - reserved, (pool, len(replicas), max_connections)
+
+
+def _haproxy() -> dict[str, list[str]]:
+    """haproxy.cfg -> {section header: [its lines]}, comments dropped."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for raw in HAPROXY.read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if not raw[0].isspace():
+            current = sections.setdefault(line.strip(), [])
+        else:
+            assert current is not None, raw
+            current.append(" ".join(line.split()))
+    return sections
+
+
+def test_one_balancer_spreads_requests_over_the_healthy_replicas(compose, replicas):
+    lb = compose["services"]["balancer"]
+    assert re.fullmatch(r"haproxy:\d+(\.\d+)*", lb["image"]), "the official HAProxy image (Debian variant)"
+    [mount] = lb["volumes"]
+    src, dest = str(mount).split(":")[:2]
+    assert (DEPLOY / src).resolve() == HAPROXY and dest == "/usr/local/etc/haproxy/haproxy.cfg"
+    cfg = _haproxy()
+    [frontend] = [k for k in cfg if k.startswith("frontend ")]
+    [bind] = [ln for ln in cfg[frontend] if ln.startswith("bind ")]
+    listen = bind.split(":")[-1]
+    [published] = lb["ports"]
+    assert str(published).rsplit(":", 1)[1] == listen, "the published port is the frontend's"
+    [backend] = [k for k in cfg if k.startswith("backend ")]
+    lines = cfg[backend]
+    assert "balance roundrobin" in lines
+    assert "option httpchk GET /healthz" in lines and "http-check expect status 200" in lines
+    servers = [ln.split() for ln in lines if ln.startswith("server ")]
+    assert [(s[1], s[2]) for s in servers] == [(n, f"{n}:{r['environment']['ETHAN_PORT']}")
+                                              for n, r in zip(REPLICAS, replicas)]
+    checked = [ln for ln in lines if ln.startswith("default-server")] + [" ".join(s) for s in servers]
+    assert any(re.search(r"\bcheck\b", ln) for ln in checked), "servers are health-checked"
+    # the replicas believe X-Forwarded-For from the balancer's address, and only from known hops
+    assert "option forwardfor" in cfg["defaults"]
+    address = lb["networks"]["ethan"]["ipv4_address"]
+    subnet = ipaddress.ip_network(compose["networks"]["ethan"]["ipam"]["config"][0]["subnet"])
+    assert ipaddress.ip_address(address) in subnet
+    for service in replicas:
+        trusted = service["environment"]["ETHAN_TRUSTED_PROXIES"].split(",")
+        assert address in trusted and all(ipaddress.ip_address(t) in subnet for t in trusted), trusted
+    # answers can stream for the whole reply deadline: the balancer must not cut them short
+    timeout = [ln for ln in cfg["defaults"] if ln.startswith("timeout server")][0].split()[-1]
+    assert seconds(timeout) > float(Settings.model_fields["ethan_reply_deadline"].default)
 
 
 # --- health, signals, users -------------------------------------------------------------------
@@ -271,23 +422,24 @@ def test_healthcheck_asks_healthz(dockerfile):
     assert seconds(opts.get("start-period", "0s")) >= 10, "startup (imports, migrations) takes seconds"
 
 
-def test_stop_signal_is_sigterm(dockerfile, service, unit):
+def test_stop_signal_is_sigterm(dockerfile, servers, unit):
     assert one(final_stage(dockerfile), "STOPSIGNAL").args == "SIGTERM"
-    assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
+    for service in servers:
+        assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
     assert unit["Service"]["KillSignal"] == ["SIGTERM"]
 
 
-def test_stop_grace_outlasts_the_shutdown_deadline(service, unit):
+def test_stop_grace_outlasts_the_shutdown_deadline(servers, unit):
     deadline = shutdown_deadline_default()
     assert deadline > 0
-    compose_grace = seconds(service["stop_grace_period"])
     unit_grace = seconds(unit["Service"]["TimeoutStopSec"][0])
-    for where, grace in (("compose stop_grace_period", compose_grace), ("unit TimeoutStopSec", unit_grace)):
+    for where, grace in (*(("compose stop_grace_period", seconds(s["stop_grace_period"])) for s in servers),
+                         ("unit TimeoutStopSec", unit_grace)):
         assert grace >= deadline + SHUTDOWN_OVERHEAD_S, \
             f"{where} = {grace}s: SIGKILL would cut the {deadline}s shutdown deadline short"
 
 
-def test_runs_as_an_unprivileged_user(dockerfile, service, unit):
+def test_runs_as_an_unprivileged_user(dockerfile, servers, unit):
     stage = final_stage(dockerfile)
     user = one(stage, "USER").args.split(":")[0]
     assert user not in ("root", "0"), "the server must not run as root"
@@ -295,7 +447,8 @@ def test_runs_as_an_unprivileged_user(dockerfile, service, unit):
     assert any(i.cmd == "RUN" and "useradd" in i.args and i.line < user_line for i in stage), \
         "create the user before switching to it"
     assert [i.cmd for i in stage].index("USER") < [i.cmd for i in stage].index("CMD")
-    assert "user" not in service or service["user"] not in ("root", "0")
+    for service in servers:
+        assert "user" not in service or service["user"] not in ("root", "0")
     s = unit["Service"]
     assert s["User"] == ["ethan"]
     for key, value in (("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
@@ -341,7 +494,8 @@ def test_image_installs_the_project_from_its_own_files(dockerfile):
         name = package.strip().strip('"').rstrip("*")
         assert name in copied, f"pyproject packages {name!r} but the image does not COPY it"
     runs = " ".join(i.args for i in dockerfile if i.cmd == "RUN")
-    assert re.search(r"pip install \.(\s|$)", runs), "install from pyproject.toml (`pip install .`)"
+    assert re.search(r"pip install \"?\.(\[postgres\])?\"?(\s|$)", runs), "install from pyproject.toml (`pip install .`)"
+    assert "[postgres]" in runs, "compose.yaml's replicas run on PostgreSQL: the image needs the `postgres` extra"
     assert not re.search(r"\b(curl|wget)\b", runs), "no downloads besides the package index"
     # the runtime stage only copies the built virtualenv: nothing is installed at run time
     assert [i.args for i in final_stage(dockerfile) if i.cmd == "COPY"] == [
