@@ -319,6 +319,15 @@ def _interpolated(value: str, **env: str) -> str:
     return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", sub, str(value))
 
 
+def test_existing_single_deployments_keep_their_volume(compose, single):
+    """compose.yaml was the one-process file until it scaled out: compose.single.yaml keeps its
+    project name and volume, so `docker compose -f deploy/compose.single.yaml up` finds the
+    same database (ethan_ethan-data) — and compose.yaml, another project, cannot touch it."""
+    value = yaml.safe_load(COMPOSE_SINGLE.read_text())
+    assert value["name"] == "ethan" and "ethan-data:/data" in single["volumes"]
+    assert compose["name"] != value["name"]
+
+
 def test_postgres_service_is_the_official_debian_image_on_a_volume_with_a_healthcheck(compose):
     pg = compose["services"]["postgres"]
     image = pg["image"]
