@@ -223,12 +223,26 @@ def _serve(settings: Settings) -> int:
         # A corrupt file, or another process holding the write lock past the busy timeout:
         # one line for the operator, not a traceback.
         hint = " (another process is writing to it: stop it, or wait)" if "locked" in str(e) or "busy" in str(e) else ""
-        print(f"ethan: cannot start: database {settings.db_path}: {e}{hint}", file=sys.stderr)
+        print(f"ethan: cannot start: database {_database_name(settings)}: {e}{hint}", file=sys.stderr)
         return EXIT_FAIL
     except OSError as e:
         print(f"ethan: cannot start: {e}", file=sys.stderr)
         return EXIT_FAIL
     return EXIT_OK
+
+
+def _database_name(settings: Settings) -> str:
+    """The database for an operator's error line: the SQLite file, or PostgreSQL's host and
+    database name — never the URL itself, which may carry a password."""
+    from urllib.parse import urlsplit
+
+    from memory.db import is_database_url
+
+    target = settings.database_target
+    if not is_database_url(target):
+        return str(target)
+    u = urlsplit(str(target))
+    return f"PostgreSQL {u.hostname or 'localhost'}:{u.port or 5432}{u.path or ''}"
 
 
 def _run(make: Callable[[], Awaitable[int | None]], settings: Settings, *, quiet: bool = False) -> int:
