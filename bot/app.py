@@ -32,7 +32,7 @@ from bot.direct import Conversations
 from bot.dispatch import Dispatcher
 from bot.handler import DirectJob, HandlerDeps, MessageHandler
 from bot.inbound import Inbound
-from bot.inbox import STALE_SECONDS, Inbox, InboxItem
+from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
 from bot.lark.normalize import LarkDecoder
@@ -40,7 +40,8 @@ from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.text import is_chinese
 from bot.metrics import Metrics
-from bot.outbox import Outbox
+from memory.outbox import Outbox
+from bot.replicas import Replicas
 from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
@@ -111,6 +112,8 @@ class EthanApp:
         self.db_retry_delays_s = DB_RETRY_DELAYS_S
         self.db_notice_after_s = DB_NOTICE_AFTER_S
         self._db_failures: dict[int, list] = {}    # inbox id -> [first failure (monotonic), attempts, told]
+        self._waiting: set[int] = set()            # inbox ids a retry timer will submit again
+        self.replicas: Replicas | None = None      # a shared (PostgreSQL) database: leases
         self._bot_open_id = ""
         self._identity = asyncio.Event()
         self.models: Models | None = None
@@ -174,7 +177,8 @@ class EthanApp:
         consolidator = Consolidator(self.models.consolidation)
         self.queue = ConsolidationQueue(db=self.db, sessions=sessions, working=working, facts=facts,
                                         profile=profile, episodes=episodes, modes=modes,
-                                        consolidator=consolidator, log=get_logger("ethan.consolidation"))
+                                        consolidator=consolidator, log=get_logger("ethan.consolidation"),
+                                        owner=s.replica_id, claim_seconds=s.ethan_lease_seconds)
         self.memory = Memory(db=self.db, sessions=sessions, working=working, facts=facts,
                              procedures=procedures, profile=profile, episodes=episodes, modes=modes,
                              queue=self.queue)
@@ -184,7 +188,13 @@ class EthanApp:
                            on_failure=self._on_model_failure, on_call=self.metrics.model_calls.inc)
         self.commands = Commands(CommandDeps(memory=self.memory, is_admin=s.is_admin,
                                              bot_open_id=self.bot_open_id, runtime=self._runtime))
-        self.inbox = Inbox(self.db)
+        # A PostgreSQL database may be shared by any number of replicas: rows and conversations
+        # are leased (bot/replicas.py). A SQLite file serves one process, which answers all of it.
+        shared = self.db.dialect == "postgres"
+        self.inbox = Inbox(self.db, owner=s.replica_id, lease_seconds=s.ethan_lease_seconds,
+                           conversations=shared)
+        if shared:
+            self.replicas = Replicas(self.inbox, lambda: self.dispatcher, waiting=lambda: self._waiting)
         self.outbox = Outbox(self.db)
         deps = HandlerDeps(
             inbox=self.inbox, agent=self.agent, commands=self.commands,
@@ -217,7 +227,8 @@ class EthanApp:
         deps.vision = lambda: caps(getattr(self.agent.model, "name", "")).vision
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
-                                     admit=self._admit)
+                                     admit=self._admit,
+                                     on_idle=self.replicas.on_idle if self.replicas is not None else None)
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc(),
                              on_recall=lambda message_id: cancel_pending(self.db, message_id))
@@ -237,6 +248,10 @@ class EthanApp:
         if self.recover_inbox:
             await self._recover_inbox()
         self._spawn(self._housekeeping(), "housekeeping")
+        if self.replicas is not None:
+            self._spawn(self.replicas.heartbeat(), "replica-heartbeat")
+            if self.recover_inbox:      # `ethan chat` beside a server leaves its events alone
+                self._spawn(self.replicas.poll(), "replica-poll")
         log.info("app.warmed", warm_up_ms=warm_ms)
         self.ready = True
         log.info("app.ready", url=self.base_url, lark=s.lark_transport if s.lark_enabled else "off",
@@ -318,16 +333,23 @@ class EthanApp:
         row is pending in the inbox, so a restart picks it up too."""
         if self.closing or self.dispatcher is None:
             return None
-        again = dataclasses.replace(item, attempts=item.attempts + 1)
+        self._submit_later(item, self.redeliver_after_s)
+        return self.redeliver_after_s
+
+    def _submit_later(self, item: InboxItem, delay: float) -> None:
+        """The row stays this replica's meanwhile (the heartbeat renews it), so no other replica
+        answers it early; its conversation is claimed again when it runs."""
+        again = dataclasses.replace(item, attempts=item.attempts + 1, held=False)
+        self._waiting.add(item.id)
 
         def resubmit() -> None:
             self._timers.discard(handle)
+            self._waiting.discard(item.id)
             if not self.closing and self.dispatcher is not None:
                 self.dispatcher.submit(again.conv_key, again)
 
-        handle = asyncio.get_running_loop().call_later(self.redeliver_after_s, resubmit)
+        handle = asyncio.get_running_loop().call_later(delay, resubmit)
         self._timers.add(handle)
-        return self.redeliver_after_s
 
     async def _handle(self, item: InboxItem | DirectJob) -> None:
         """The handler, with database errors retried in this process (issue 17): the message
@@ -337,6 +359,12 @@ class EthanApp:
         if isinstance(item, DirectJob):
             await self.handler(item)
             return
+        if self.replicas is not None:
+            await self.replicas.handle(item, self._handle_item)
+        else:
+            await self._handle_item(item)
+
+    async def _handle_item(self, item: InboxItem) -> None:
         try:
             await self.handler(item)
         except Exception as e:
@@ -375,15 +403,7 @@ class EthanApp:
         if not state[2] and now - state[0] + delay >= self.db_notice_after_s:
             state[2] = True
             self._spawn(self._tell(item, DB_NOTICE, "dbwait"), "db-notice")
-        again = dataclasses.replace(item, attempts=item.attempts + 1)
-
-        def resubmit() -> None:
-            self._timers.discard(handle)
-            if not self.closing and self.dispatcher is not None:
-                self.dispatcher.submit(again.conv_key, again)
-
-        handle = asyncio.get_running_loop().call_later(delay, resubmit)
-        self._timers.add(handle)
+        self._submit_later(item, delay)
 
     async def _tell(self, item: InboxItem, texts: dict, tag: str, *, finish: bool = False) -> None:
         """A short word to the user about their message, outside the normal reply (its uuid is
@@ -439,11 +459,20 @@ class EthanApp:
 
     async def _recover_inbox(self) -> None:
         expired = await self.inbox.expire_stale()
-        pending = await self.inbox.pending()
-        for item in pending:
-            self.dispatcher.submit(item.conv_key, item)
-        if pending or expired:
-            log.info("inbox.recovered", answering=len(pending), too_old=expired)
+        if self.replicas is not None:
+            # A shared database: only what nobody alive works (unowned, expired, or this
+            # replica's own under a fixed ETHAN_REPLICA_ID); the poll takes the rest over as
+            # leases expire.
+            answering = await self.replicas.take_over(own=True)
+        else:
+            # One process per SQLite file: everything pending is this process's to answer.
+            await self.inbox.adopt_pending()
+            pending = await self.inbox.pending()
+            for item in pending:
+                self.dispatcher.submit(item.conv_key, item)
+            answering = len(pending)
+        if answering or expired:
+            log.info("inbox.recovered", answering=answering, too_old=expired, replica=self.inbox.owner)
 
     async def _housekeeping(self) -> None:
         while True:
@@ -505,9 +534,17 @@ class EthanApp:
         for timer in list(self._timers):      # their items stay pending in the inbox
             timer.cancel()
         self._timers.clear()
+        self._waiting.clear()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self.replicas is not None and self.inbox is not None:
+            # What this replica did not answer goes to the others now, not after the lease
+            # (an upgrade one replica at a time leaves no gap).
+            try:
+                await self.inbox.release_all()
+            except Exception as e:  # noqa: BLE001 - the leases expire by themselves
+                log.warning("replica.release_failed", replica=self.inbox.owner, error=str(e)[:200])
         if self.queue is not None:
             remaining = max(1.0, deadline - (time.monotonic() - t0))
             await self.queue.drain(remaining)

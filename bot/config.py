@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     # (DESIGN §7), which any number of `ethan serve` replicas may share.
     ethan_database_url: str = ""
     ethan_database_pool: int = Field(default=8, ge=1, le=200)
+    # Replicas on one PostgreSQL database (docs/reliability.md "Replicas"): this process's name
+    # in the leases ("" = <hostname>:<pid>), and how long a lease lasts without its heartbeat
+    # (every third of it): how long a dead replica's acknowledged work waits for the others.
+    ethan_replica_id: str = ""
+    ethan_lease_seconds: float = Field(default=15.0, gt=0, le=3600)
     ethan_admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ethan_respond_to_all: bool = False
     # When a user recalls a message Ethan already answered, recall Ethan's answer too (it
@@ -257,6 +262,11 @@ class Settings(BaseSettings):
     def database_target(self) -> str | Path:
         """What memory.db.database() opens: the PostgreSQL URL if set, else the SQLite file."""
         return self.ethan_database_url.strip() or self.db_path
+
+    @property
+    def replica_id(self) -> str:
+        from memory.inbox import default_replica_id
+        return self.ethan_replica_id.strip() or default_replica_id()
 
     def open_database(self):
         from memory.db import database, is_database_url

@@ -6,6 +6,10 @@ is empty, which frees idle conversations without a sweeper.
 
 Shutdown order (``stop``): stop intake → drain within the deadline → cancel the rest.
 Work that was cancelled is still pending in the inbox and is answered on next start.
+
+``on_idle(conv_key)``, when given, is asked for more work before a conversation's worker
+exits (replicas: the conversation's lease holder answers what other replicas stored for it,
+then releases the lease — bot/replicas.py).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ Handler = Callable[[Any], Awaitable[None]]
 
 class Dispatcher:
     def __init__(self, handler: Handler, *, max_concurrency: int = 64,
-                 admit: Callable[[], Awaitable[None]] | None = None) -> None:
+                 admit: Callable[[], Awaitable[None]] | None = None,
+                 on_idle: Callable[[str], Awaitable[list]] | None = None) -> None:
         self._handler = handler
         self._admit = admit   # waited before each job starts (the intake's "acknowledge first")
+        self._on_idle = on_idle
         self._sem = asyncio.Semaphore(max_concurrency)
         self._mailboxes: dict[str, collections.deque] = {}
         self._workers: dict[str, asyncio.Task] = {}
@@ -46,6 +52,10 @@ class Dispatcher:
     def conversations(self) -> int:
         return len(self._mailboxes)
 
+    def active(self, conv_key: str) -> bool:
+        """A worker is on this conversation (its queued jobs will be answered in order)."""
+        return conv_key in self._workers
+
     def submit(self, conv_key: str, job: Any) -> bool:
         """Queue ``job`` behind earlier jobs of the same conversation. False once closing."""
         if self._closing:
@@ -64,7 +74,20 @@ class Dispatcher:
     async def _drain(self, conv_key: str) -> None:
         box = self._mailboxes[conv_key]
         try:
-            while box:
+            while True:
+                if not box:
+                    if self._on_idle is None or self._closing:
+                        break
+                    try:
+                        more = await self._on_idle(conv_key)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("dispatch.idle_failed", conv_key=conv_key)
+                        more = []
+                    box.extend(more)
+                    if not box:     # nothing more (a submit while on_idle ran lands in box)
+                        break
                 job = box[0]
                 async with self._sem:
                     try:

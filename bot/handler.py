@@ -31,7 +31,7 @@ from bot.agent.agent import Agent, UserTurn
 from bot.attachments import AttachmentError, Fetch, prepare, refusal
 from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
-from bot.inbox import STALE_SECONDS, Inbox, InboxItem
+from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
 from bot.reply import DeliveryError, Reply
 from bot.text import is_chinese

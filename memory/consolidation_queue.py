@@ -27,17 +27,26 @@ a committed step is never repeated (optimistic checks on ``compressed_upto`` /
 ``extracted_upto``), an uncommitted one is redone. The only repeat possible is a
 pending write applied just before a crash and not yet deleted: it is applied again,
 which FactStore turns into a reinforcement, not a duplicate.
+
+Replicas (and ``ethan chat`` beside ``ethan serve``) share the database: before a job works a
+session it claims the session in ``consolidation_claims`` (``JobClaims``: ``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL, a conditional upsert on SQLite), renewed every third of the claim's
+lease while it runs, released at its end. A session claimed elsewhere is looked at again
+after a third of the lease (what the other worker's job did not cover is still due); a dead
+claimer's claim expires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
 from typing import Any, Callable
 
 from memory.consolidator import Consolidator
+from memory.db import dialect_of
 from memory.modes import COMPANION
 from memory.scope import Scope
 from memory.similarity import similarity
@@ -47,6 +56,52 @@ from memory.working import StaleWork, Turn, WorkingMemory, Work
 MIN_EPISODE_TURNS = 2
 EPISODE_RECENT_TURNS = 20       # latest turns given verbatim to the episode summary
 MIN_FACT_IMPORTANCE = 0.3       # below this a fact would never be injected: not kept
+CLAIM_SECONDS = 15.0
+
+
+class JobClaims:
+    """One worker per session at a time, across processes: a claim with a lease."""
+
+    def __init__(self, db: Any, owner: str, *, lease_seconds: float = CLAIM_SECONDS,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self.owner = owner
+        self.lease_seconds = float(lease_seconds)
+        self.clock = clock
+
+    async def claim(self, session_id: str) -> bool:
+        now = self.clock()
+        return await self.db.write(_claim_job, session_id, self.owner, now, now + self.lease_seconds)
+
+    async def release(self, session_id: str) -> None:
+        await self.db.execute("DELETE FROM consolidation_claims WHERE session_id = ? AND owner = ?",
+                              (session_id, self.owner))
+
+    async def renew(self) -> int:
+        return await self.db.execute("UPDATE consolidation_claims SET lease_until = ? WHERE owner = ?",
+                                     (self.clock() + self.lease_seconds, self.owner))
+
+
+def _claim_job(conn: Any, session_id: str, owner: str, now: float, until: float) -> bool:
+    if dialect_of(conn) == "postgres":
+        # The claim row is locked for this transaction; a concurrent claimer skips it instead
+        # of queueing behind it, and finds it claimed once this commits.
+        conn.execute("INSERT INTO consolidation_claims(session_id, owner, lease_until) VALUES (?, ?, 0)"
+                     " ON CONFLICT DO NOTHING", (session_id, owner))
+        row = conn.execute(
+            "SELECT session_id FROM consolidation_claims WHERE session_id = ? AND (owner = ? OR lease_until < ?)"
+            " FOR UPDATE SKIP LOCKED", (session_id, owner, now)).fetchone()
+        if row is None:
+            return False
+        conn.execute("UPDATE consolidation_claims SET owner = ?, lease_until = ? WHERE session_id = ?",
+                     (owner, until, session_id))
+        return True
+    # SQLite: one conditional upsert (the write transaction holds the database's write lock).
+    return conn.execute(
+        "INSERT INTO consolidation_claims(session_id, owner, lease_until) VALUES (?, ?, ?)"
+        " ON CONFLICT(session_id) DO UPDATE SET owner = excluded.owner, lease_until = excluded.lease_until"
+        " WHERE consolidation_claims.owner = excluded.owner OR consolidation_claims.lease_until < ?",
+        (session_id, owner, until, now)).rowcount > 0
 
 
 class ConsolidationQueue:
@@ -67,6 +122,8 @@ class ConsolidationQueue:
         backoff_max: float = 3600.0,
         max_steps: int = 50,
         clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        claim_seconds: float = CLAIM_SECONDS,
     ) -> None:
         self.db = db
         self.sessions = sessions
@@ -90,6 +147,10 @@ class ConsolidationQueue:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self._counts: dict[str, int] = defaultdict(int)
+        if owner is None:
+            from memory.inbox import default_replica_id
+            owner = default_replica_id()
+        self.claims = JobClaims(db, owner, lease_seconds=claim_seconds, clock=clock)
 
     # -- the reply path's side: sync, non-blocking ---------------------------------------
     def request(self, session_id: str) -> None:
@@ -134,6 +195,17 @@ class ConsolidationQueue:
         self._stopped = False
         self._tasks = [asyncio.create_task(self._worker(i), name=f"consolidation-{i}")
                        for i in range(self.workers)]
+        self._tasks.append(asyncio.create_task(self._renew_claims(), name="consolidation-claims"))
+
+    async def _renew_claims(self) -> None:
+        """Keep the claims of running jobs alive (a model call may outlast the lease)."""
+        while True:
+            await asyncio.sleep(max(0.05, self.claims.lease_seconds / 3))
+            if self._running:
+                try:
+                    await self.claims.renew()
+                except Exception as e:  # noqa: BLE001 - the next round tries again
+                    self._emit("warning", "consolidation_claim_renew_failed", error=f"{type(e).__name__}: {e}"[:200])
 
     async def recover(self) -> int:
         """Re-derive pending work from the database (after a start or a crash)."""
@@ -224,6 +296,23 @@ class ConsolidationQueue:
                 self._schedule(sid, state.next_attempt_at - now)
             self._counts["deferred"] += 1
             return
+        if plan.meta is None or (not plan.writes and plan.work is None and plan.meta.closed_at is None):
+            self._counts["jobs_done"] += 1      # nothing due (the usual case after a reply): no claim
+            return
+        if not await self.claims.claim(sid):
+            # Another worker (replica) has it: what its job does not cover is looked at again.
+            self._counts["claimed_elsewhere"] += 1
+            self._emit("info", "consolidation_claimed_elsewhere", session_id=sid)
+            self._schedule(sid, self.claims.lease_seconds / 3)
+            return
+        try:
+            plan = await self.working.plan(sid)     # derived again under the claim
+            await self._claimed_job(sid, plan)
+        finally:
+            with contextlib.suppress(Exception):    # else it expires by itself
+                await self.claims.release(sid)
+
+    async def _claimed_job(self, sid: str, plan: Any) -> None:
         try:
             if plan.writes:
                 await self._apply_writes(sid, plan.writes)

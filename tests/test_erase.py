@@ -20,7 +20,7 @@ def backend(request) -> str:
     """Erasure is part of the store contract: on both backends."""
     return request.param
 
-from bot.inbox import Inbox
+from memory.inbox import Inbox
 from memory.audit import AuditLog
 from memory.episodic import EpisodeStore
 from memory.erase import ERASED_PAYLOAD, erase_user, find_user

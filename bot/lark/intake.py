@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 from pydantic import ValidationError
 
 from bot.dispatch import Dispatcher
-from bot.inbox import STALE_SECONDS, Inbox
+from memory.inbox import STALE_SECONDS, Inbox
 from bot.lark import events
 from bot.lark.events import Envelope
 from bot.lark.normalize import has_surrogates, scrub
@@ -131,7 +131,10 @@ class Intake:
         if spec.kind == "recall" and self.on_recall is not None and r.message_id:
             if await self.on_recall(r.message_id):
                 bound.info("event.recall_cancelled_reply")
-        if not self.dispatcher.submit(conv, item):
+        if self.inbox.conversations and not item.held:
+            # Replicas: another replica works this conversation and answers the row in order.
+            bound.info("event.accepted", conversation="held by another replica")
+        elif not self.dispatcher.submit(conv, item):
             # Shutting down: it stays pending in the inbox and is answered on next start.
             bound.info("event.deferred", reason="shutting down")
         else:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from bot.inbound import LARK, Inbound
-from bot.inbox import Inbox, InboxItem
+from memory.inbox import Inbox, InboxItem
 from bot.lark import events
 from bot.lark.cards import confirm_outcome_card
 from bot.lark.events import Envelope

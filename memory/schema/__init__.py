@@ -16,4 +16,5 @@ MIGRATIONS: list[str] = [
     episodic.V4 + facts.V4,  # episodes index their turns (episode_chunks + FTS), dates; fact_sources
     core.V5,       # inbox dedup keyed on the event (dedup_key), chat_greetings
     core.V6,       # chats_left: chats the bot was removed from survive a restart
+    core.V7,       # replicas: inbox row owner + lease, conversation leases, consolidation claims
 ]

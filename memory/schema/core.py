@@ -118,3 +118,25 @@ CREATE TABLE chats_left (
     at            REAL NOT NULL
 );
 """
+
+# Replicas on one database (DESIGN.md §7, docs/reliability.md "Replicas"). Each inbox row has
+# an owner (the replica that accepted or claimed it) and a lease the owner's heartbeat renews;
+# another replica may claim the row only when it is unowned or its lease expired. One
+# conversation is worked by one replica at a time (conversation_leases, same rule), and one
+# session's consolidation by one worker (consolidation_claims). A partial index finds a
+# conversation's pending rows without touching the answered ones.
+V7 = """
+ALTER TABLE inbox ADD COLUMN owner TEXT;
+ALTER TABLE inbox ADD COLUMN lease_until REAL NOT NULL DEFAULT 0;
+CREATE INDEX inbox_open ON inbox(conv_key, id) WHERE status = 'pending';
+CREATE TABLE conversation_leases (
+    conv_key      TEXT PRIMARY KEY,
+    owner         TEXT NOT NULL,
+    lease_until   REAL NOT NULL
+);
+CREATE TABLE consolidation_claims (
+    session_id    TEXT PRIMARY KEY,
+    owner         TEXT NOT NULL,
+    lease_until   REAL NOT NULL
+);
+"""

@@ -314,4 +314,21 @@ CREATE TABLE chats_left (
 );
 """
 
-PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
+# Version 7 (replicas: inbox row owner + lease, conversation leases, consolidation claims).
+V7 = """
+ALTER TABLE inbox ADD COLUMN owner TEXT;
+ALTER TABLE inbox ADD COLUMN lease_until DOUBLE PRECISION NOT NULL DEFAULT 0;
+CREATE INDEX inbox_open ON inbox(conv_key, id) WHERE status = 'pending';
+CREATE TABLE conversation_leases (
+    conv_key      TEXT PRIMARY KEY,
+    owner         TEXT NOT NULL,
+    lease_until   DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE consolidation_claims (
+    session_id    TEXT PRIMARY KEY,
+    owner         TEXT NOT NULL,
+    lease_until   DOUBLE PRECISION NOT NULL
+);
+"""
+
+PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bot.dispatch import Dispatcher
-from bot.inbox import Inbox
+from memory.inbox import Inbox
 from bot.lark.intake import Intake
 from memory.db import Database
 from tests.fakes.lark_events import make_text_event

@@ -1,4 +1,4 @@
-"""bot.inbox: acknowledged means committed; group commit under a burst; dedup inside a batch."""
+"""memory.inbox: acknowledged means committed; group commit under a burst; dedup inside a batch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from bot.inbox import Inbox
+from memory.inbox import Inbox
 from memory.db import Database
 from tests.round_trips import counting_round_trips
 

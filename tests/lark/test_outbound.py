@@ -25,7 +25,7 @@ from bot.lark.outbound import (
     render,
     split_text,
 )
-from bot.outbox import Outbox
+from memory.outbox import Outbox
 from memory.db import Database
 from tests.fakes.fake_lark import FakeLark, chat_rate_limited, rate_limited, server_error
 

@@ -1,0 +1,159 @@
+"""N replicas on one database (DESIGN.md §7, docs/reliability.md "Replicas").
+
+The leases themselves are the inbox store's (memory/inbox.py); this is the process's side:
+
+- ``handle``: before a stored event is answered, this replica holds its conversation's lease
+  (already held — no round trip — or claimed now). Held elsewhere, the row is left unowned for
+  the holder. Rows of the conversation other replicas stored while this one held it (unowned)
+  and older than the row at hand are answered first, so a conversation is answered in inbox
+  id order whichever replica received its messages.
+- ``on_idle``: before a conversation's worker exits, the rows left for it are answered; then
+  the lease is released, and looked at once more (a replica that stored a row just before the
+  release left it unowned: the release race).
+- the heartbeat (every lease/3) renews this replica's leases on its rows and conversations,
+  and releases conversations it holds but no longer works;
+- the poll (every ``POLL_S``) submits pending rows nobody works whose conversation is free:
+  a dead replica's acknowledged work once its leases expired (no restart needed), and rows
+  the release race left behind.
+
+Exactly-once at the user does not rest on the leases alone (a replica paused past its lease
+may still finish a reply another replica also sends): every reply's uuid is derived from the
+message it answers and Lark drops a repeated uuid for an hour; a card reply's entity is found
+in the outbox by that uuid and finished rather than sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+from bot.dispatch import Dispatcher
+from bot.log import get_logger
+from memory.inbox import Inbox, InboxItem
+
+log = get_logger("ethan.replicas")
+
+POLL_S = 1.0
+
+
+class Replicas:
+    def __init__(self, inbox: Inbox, dispatcher: Callable[[], Dispatcher | None], *,
+                 waiting: Callable[[], set[int]], poll_s: float = POLL_S) -> None:
+        self.inbox = inbox
+        self._dispatcher = dispatcher
+        self._waiting = waiting          # rows with a retry timer: answered when it fires, not now
+        self.poll_s = poll_s
+        self.heartbeat_s = max(0.05, inbox.lease_seconds / 3)
+        self.held: set[str] = set()      # conversations this replica holds the lease of
+        self._queued: set[int] = set()   # rows submitted by this module and not yet handled
+        self.taken_over = 0
+
+    @property
+    def owner(self) -> str:
+        return self.inbox.owner
+
+    async def handle(self, item: InboxItem, run: Callable[[InboxItem], Awaitable[None]]) -> None:
+        """Answer ``item`` (via ``run``) if this replica may work its conversation now."""
+        conv = item.conv_key
+        self._queued.discard(item.id)
+        if conv not in self.held:
+            if not await self.inbox.hold(conv):
+                # Another live replica works this conversation: it answers the row, in order.
+                await self.inbox.leave(item.id)
+                log.info("replica.conversation_elsewhere", conv_key=conv, inbox_id=item.id,
+                         event_id=item.event_id)
+                return
+            self.held.add(conv)
+        for older in await self.inbox.claimable(conv, before=item.id):
+            if older.id in self._waiting() or older.id in self._queued:
+                continue
+            await self._run_quietly(older, run)
+        await run(item)
+
+    async def _run_quietly(self, item: InboxItem, run) -> None:
+        try:
+            await run(item)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the row stays pending; the one at hand goes on
+            log.exception("dispatch.job_failed", conv_key=item.conv_key, inbox_id=item.id)
+
+    async def on_idle(self, conv: str) -> list[InboxItem]:
+        """The conversation's mailbox is empty: what other replicas left for it, else release."""
+        if conv not in self.held:
+            return []
+        more = self._fresh(await self.inbox.claimable(conv))
+        if more:
+            return more
+        self.held.discard(conv)
+        await self.inbox.release(conv)
+        # The release race: a row stored by another replica between our look and the release
+        # was left unowned for us. Answered now (``handle`` claims the lease again) rather
+        # than at the next poll.
+        return self._fresh(await self.inbox.claimable(conv))
+
+    def _fresh(self, items: list[InboxItem]) -> list[InboxItem]:
+        waiting = self._waiting()
+        out = [i for i in items if i.id not in waiting and i.id not in self._queued]
+        self._queued.update(i.id for i in out)
+        return out
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self.beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the next beat tries again; leases may lapse
+                log.warning("replica.heartbeat_failed", replica=self.owner, error=f"{type(e).__name__}: {e}"[:200])
+
+    async def beat(self) -> None:
+        before = set(self.held)
+        still = await self.inbox.renew()
+        lost = before - still
+        if lost:
+            # Not renewed in time (the database was out of reach): another replica may work
+            # these conversations now; claimed again before this one answers in them.
+            self.held -= lost
+            log.warning("replica.lease_lost", replica=self.owner, conversations=len(lost))
+        d = self._dispatcher()
+        for conv in still - self.held:
+            if d is None or not d.active(conv):
+                # Claimed with an event that turned out a duplicate, or left by a worker that
+                # ended: nobody here works it, so nobody else should wait for it.
+                await self.inbox.release(conv)
+
+    async def poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.take_over()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                log.warning("replica.poll_failed", replica=self.owner, error=f"{type(e).__name__}: {e}"[:200])
+
+    async def take_over(self, *, own: bool = False) -> int:
+        """Submit pending rows nobody works whose conversation is free; returns how many."""
+        d = self._dispatcher()
+        if d is None or not d.accepting:
+            return 0
+        rows = await self.inbox.orphans(own=own)
+        waiting = self._waiting()
+        submitted, conversations = 0, set()
+        for item in rows:
+            if item.id in waiting or item.id in self._queued or d.active(item.conv_key) \
+                    and item.conv_key not in conversations:
+                continue
+            self._queued.add(item.id)
+            if d.submit(item.conv_key, item):
+                submitted += 1
+                conversations.add(item.conv_key)
+            else:
+                self._queued.discard(item.id)
+        if submitted and not own:
+            self.taken_over += submitted
+            log.info("replica.took_over", replica=self.owner, rows=submitted,
+                     conversations=len(conversations))
+        return submitted
