@@ -359,10 +359,15 @@ class EthanApp:
         if isinstance(item, DirectJob):
             await self.handler(item)
             return
-        if self.replicas is not None:
-            await self.replicas.handle(item, self._handle_item)
-        else:
+        if self.replicas is None:
             await self._handle_item(item)
+            return
+        try:
+            await self.replicas.handle(item, self._handle_item)
+        except Exception as e:
+            if not is_database_error(e):
+                raise
+            self._database_retry(item, e)    # claiming its conversation failed: as any DB error
 
     async def _handle_item(self, item: InboxItem) -> None:
         try:

@@ -7,9 +7,10 @@ The leases themselves are the inbox store's (memory/inbox.py); this is the proce
   the holder. Rows of the conversation other replicas stored while this one held it (unowned)
   and older than the row at hand are answered first, so a conversation is answered in inbox
   id order whichever replica received its messages.
-- ``on_idle``: before a conversation's worker exits, the rows left for it are answered; then
-  the lease is released, and looked at once more (a replica that stored a row just before the
-  release left it unowned: the release race).
+- ``on_idle``: before a conversation's worker exits, the rows left for it are answered; else
+  the lease is released — both in one write transaction, so a replica storing an event for
+  the conversation either commits first (its unowned row is found) or finds it free (no
+  release race).
 - the heartbeat (every lease/3) renews this replica's leases on its rows and conversations,
   and releases conversations it holds but no longer works;
 - the poll (every ``POLL_S``) submits pending rows nobody works whose conversation is free:
@@ -47,6 +48,7 @@ class Replicas:
         self.held: set[str] = set()      # conversations this replica holds the lease of
         self._queued: set[int] = set()   # rows submitted by this module and not yet handled
         self.taken_over = 0
+        self._idle_once: set[str] = set()   # held, not worked at the last beat
 
     @property
     def owner(self) -> str:
@@ -56,6 +58,8 @@ class Replicas:
         """Answer ``item`` (via ``run``) if this replica may work its conversation now."""
         conv = item.conv_key
         self._queued.discard(item.id)
+        if conv not in self.held and item.held and item.attempts == 0:
+            self.held.add(conv)     # claimed with the row when it was stored, moments ago
         if conv not in self.held:
             if not await self.inbox.hold(conv):
                 # Another live replica works this conversation: it answers the row, in order.
@@ -82,15 +86,16 @@ class Replicas:
         """The conversation's mailbox is empty: what other replicas left for it, else release."""
         if conv not in self.held:
             return []
-        more = self._fresh(await self.inbox.claimable(conv))
-        if more:
-            return more
-        self.held.discard(conv)
-        await self.inbox.release(conv)
-        # The release race: a row stored by another replica between our look and the release
-        # was left unowned for us. Answered now (``handle`` claims the lease again) rather
-        # than at the next poll.
-        return self._fresh(await self.inbox.claimable(conv))
+        rows = await self.inbox.release_or_next(conv)
+        if not rows:
+            self.held.discard(conv)
+            return []
+        more = self._fresh(rows)
+        if not more:
+            # Only rows already on their way here (a retry timer, a queued take-over): the
+            # lease stays until they run; the heartbeat releases it once nothing works it.
+            return []
+        return more
 
     def _fresh(self, items: list[InboxItem]) -> list[InboxItem]:
         waiting = self._waiting()
@@ -118,11 +123,14 @@ class Replicas:
             self.held -= lost
             log.warning("replica.lease_lost", replica=self.owner, conversations=len(lost))
         d = self._dispatcher()
-        for conv in still - self.held:
-            if d is None or not d.active(conv):
-                # Claimed with an event that turned out a duplicate, or left by a worker that
-                # ended: nobody here works it, so nobody else should wait for it.
-                await self.inbox.release(conv)
+        idle = {conv for conv in still if d is None or not d.active(conv)}
+        for conv in idle & self._idle_once:
+            # Not worked here at two beats in a row (claimed with an event that turned out a
+            # duplicate, kept for a row whose retry is waiting): nobody else should wait for it.
+            # One beat is not enough: an event stored a moment ago is on its way to its worker.
+            self.held.discard(conv)
+            await self.inbox.release(conv)
+        self._idle_once = idle - self._idle_once
 
     async def poll(self) -> None:
         while True:

@@ -148,6 +148,15 @@ class Inbox:
         await self.db.execute("DELETE FROM conversation_leases WHERE conv_key = ? AND owner = ?",
                               (conv_key, self.owner))
 
+    async def release_or_next(self, conv_key: str, *, max_age: float = STALE_SECONDS) -> list[InboxItem]:
+        """The holder's worker for the conversation is done: the rows left for it, if any (the
+        lease kept); else the lease released. One write transaction, so there is no release
+        race: a replica storing an event for the conversation commits before it (the row is
+        found here) or after it (it finds the conversation free and claims it itself)."""
+        now = self.clock()
+        rows = await self.db.write(_release_or_next, conv_key, self.owner, now, now - max_age)
+        return [_item(r) for r in rows]
+
     async def renew(self) -> set[str]:
         """The heartbeat: extend this replica's leases on the rows it owns and the conversations
         it holds, in one transaction; returns the conversations it still holds (one it lost
@@ -265,6 +274,16 @@ def _claim_conversation(conn, conv_key: str, owner: str, now: float, until: floa
         " ON CONFLICT(conv_key) DO UPDATE SET owner = excluded.owner, lease_until = excluded.lease_until"
         " WHERE conversation_leases.owner = excluded.owner OR conversation_leases.lease_until < ?",
         (conv_key, owner, until, now)).rowcount > 0
+
+
+def _release_or_next(conn, conv_key: str, owner: str, now: float, cutoff: float) -> list:
+    rows = conn.execute(
+        "SELECT * FROM inbox WHERE conv_key = ? AND status = 'pending' AND create_time >= ?"
+        " AND (owner IS NULL OR lease_until < ?) ORDER BY id LIMIT ?",
+        (conv_key, cutoff, now, ORPHAN_BATCH)).fetchall()
+    if not rows:
+        conn.execute("DELETE FROM conversation_leases WHERE conv_key = ? AND owner = ?", (conv_key, owner))
+    return rows
 
 
 def _renew(conn, owner: str, until: float) -> set[str]:

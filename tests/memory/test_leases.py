@@ -214,3 +214,22 @@ async def test_two_workers_never_consolidate_one_session_at_once(db_target):
         finally:
             await a.close()
             await b.close()
+
+
+async def test_the_holder_answers_what_was_left_before_it_releases_in_one_step(db):
+    """No release race: the look for left rows and the release are one transaction, so a row
+    stored for the conversation is either found by the holder or stored by a new holder."""
+    clock = Clock()
+    a = Inbox(db, owner="A", lease_seconds=10, clock=clock, conversations=True)
+    b = Inbox(db, owner="B", lease_seconds=10, clock=clock, conversations=True)
+    first = await a.accept(**_event(1))
+    left = await b.accept(**_event(2))
+    assert not left.held
+    assert [i.id for i in await a.release_or_next("oc_a")] == [left.id]   # kept: work left
+    assert not await b.hold("oc_a")
+    for item in (first, left):
+        assert await a.start(item.id)
+        await a.finish(item.id, "done")
+    assert await a.release_or_next("oc_a") == []                          # released
+    third = await b.accept(**_event(3))
+    assert third.held and (await _owner(db, third.id))[0] == "B"
