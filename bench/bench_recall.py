@@ -122,11 +122,15 @@ async def _e2e(c: R.Corpus) -> dict:
                     misses.append((q, label, got))
             unrelated_any = 0
             unrelated_eps = 0
+            unrelated_hits = []
             for user, m in c.unrelated:
                 seen = await say(user, m)
-                n = len(seen.blocks.episodes) if seen.blocks else 0
+                eps = list(seen.blocks.episodes) if seen.blocks else []
+                n = len(eps)
                 unrelated_any += n > 0
                 unrelated_eps += n
+                if eps:
+                    unrelated_hits.append((m, [(label_of_session.get(e.session_id, "?"), e.matched) for e in eps]))
             models = await app.db.fetchall("SELECT DISTINCT model FROM episodes")
         finally:
             await app.stop()
@@ -135,6 +139,7 @@ async def _e2e(c: R.Corpus) -> dict:
         "recall": hit / max(1, len(c.questions)), "precision": (injected - wrong) / max(1, injected),
         "unrelated": len(c.unrelated), "unrelated_share": unrelated_any / max(1, len(c.unrelated)),
         "unrelated_eps": unrelated_eps, "replay_s": replay_s, "misses": misses,
+        "unrelated_hits": unrelated_hits,
         "models": sorted(r["model"] for r in models),
     }
 
@@ -209,6 +214,9 @@ async def _run(quick: bool) -> list[str]:
     if e2e["misses"]:
         lines += ["", "First misses (question, evidence, injected): " + "; ".join(
             f"{q!r} → {got}" for q, _, got in e2e["misses"][:5])]
+    if e2e["unrelated_hits"]:
+        lines += ["", "Unrelated messages given an episode (message → [(episode, matched words)]): " + "; ".join(
+            f"{m!r} → {got}" for m, got in e2e["unrelated_hits"][:10])]
     return lines
 
 

@@ -12,9 +12,11 @@ from tests.memory import recall_corpus as R
 
 # Measured on corpus(seed=19, users=4, sessions_per_user=8) — 32 sessions, 128 questions,
 # 44 unrelated messages: rrf r@3 0.961 (summaries only 0.594); gate recall 0.922, 0 unrelated.
+# On the larger generated set (seed=7, 12 users x 12 sessions: 576 questions, 132 unrelated)
+# the gate recalls 0.934 and gives no unrelated message an episode (bench/bench_recall.py).
 RRF_RECALL3_FLOOR = 0.90
 GATE_RECALL_FLOOR = 0.85
-UNRELATED_CEILING = 0.05
+UNRELATED_CEILING = 0.0       # issue 19's target: 0 unrelated episodes injected
 
 
 @pytest.fixture
@@ -42,6 +44,38 @@ async def test_the_gate_recalls_the_evidence_session_and_nothing_for_unrelated(s
     g = await R.gate(store, c, label_of)
     assert g["recall"] >= GATE_RECALL_FLOOR, g["misses"][:10]
     assert g["unrelated_share"] <= UNRELATED_CEILING, g["false"]
+
+
+async def test_on_the_larger_generated_set_no_unrelated_message_gets_an_episode(store):
+    # Before the lone-word rule (episodic._lone_word_decides) 3 of 132 got one here: 我投的是哪家
+    # 公司？ twice (公司, said in passing in a session about moving) and "What's the capital of
+    # Australia?" (the visa session) — each on one matched word that says nothing of the user.
+    c = R.corpus(seed=7, users=12, sessions_per_user=12)
+    g = await R.gate(store, c, await R.load(store, c))
+    assert g["false"] == [] and g["unrelated_share"] == 0.0
+    assert g["recall"] >= GATE_RECALL_FLOOR, g["misses"][:10]
+    assert g["wrong_alongside"] <= len(c.questions) * 0.02
+
+
+async def test_one_matched_word_decides_only_when_it_is_specific_and_about_the_user(store):
+    for i, (summary, line) in enumerate((
+            ("用户打算搬家，嫌通勤太远。", "现在住的地方离公司太远了，看中了徐汇的一套两居室"),
+            ("The user applies for a work permit.", "The destination is Australia."),
+            ("The user signed up for a gym.", "My trainer is called Marco."),
+            ("用户在准备跳槽面试。", "已经过了一面，周三是二面"))):
+        await store.write(session_id=f"s{i}", user_id="u", chat_type="p2p", summary=summary, turn_count=2,
+                          turns=[summary, line])
+    for n in range(4):
+        await store.write(session_id=f"o{n}", user_id="u", chat_type="p2p", summary=f"用户聊了税务问题{n}。",
+                          turn_count=2, turns=["报税", "个税"])
+    p2p = Scope("u", "oc_u", "p2p")
+    assert await store.recall(p2p, "我投的是哪家公司？") == []            # 公司: among the commonest words
+    assert await store.recall(p2p, "What's the capital of Australia?") == []   # not about the user
+    assert [e.session_id for e in await store.recall(p2p, "我要搬去徐汇的什么户型")] == ["s0"]
+    assert [e.session_id for e in await store.recall(p2p, "What's my trainer's name?")] == ["s2"]
+    assert [e.session_id for e in await store.recall(p2p, "下一轮面试是什么时候")] == ["s3"]   # 我 dropped
+    # a "last time" cue says the message is about a past conversation
+    assert [e.session_id for e in await store.recall(p2p, "上次聊到公司的事")] == ["s0"]
 
 
 async def test_a_detail_said_mid_session_is_recalled_with_its_excerpt_and_date(store):
