@@ -444,7 +444,7 @@ async def _session_delete(settings: Settings, args: argparse.Namespace) -> int:
 def deleted_counts(c: dict[str, int]) -> str:
     """What a session's deletion removed, for whoever deleted it."""
     return (f"{c['messages']} messages, {c['episodes']} episodes, {c['summaries']} summaries, "
-            f"{c['facts']} facts learned only there")
+            f"{c['facts']} facts and {c.get('profile_entries', 0)} profile entries learned only there")
 
 
 def _ask(question: str) -> str:

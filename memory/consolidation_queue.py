@@ -496,7 +496,8 @@ class ConsolidationQueue:
             elif kind == "psych":
                 if (await self.modes.get(uid, scope.conv_key)) == COMPANION:
                     try:
-                        n = await self.profile.apply_extraction(scope, payload["entries"], companion=True)
+                        n = await self.profile.apply_extraction(scope, payload["entries"], companion=True,
+                                                                  session_id=sid)
                         self._counts["psych_written"] += int(n or 0)
                     except ValueError as e:  # ProfileError is a ValueError
                         self._emit("info", "psych_refused", session_id=sid, reason=str(e)[:200])

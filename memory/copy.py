@@ -19,6 +19,7 @@ from memory.db import Database, DatabaseError, dialect_of
 ORDER = ("inbox", "outbox", "modes", "audit", "sessions", "conversations", "conversation_members",
          "messages", "warm_summaries", "consolidation_state", "consolidation_writes", "facts",
          "procedures", "profile_entries", "episodes", "episode_chunks", "fact_sources",
+         "profile_sources",
          "chat_greetings", "card_confirmations", "chats_left",
          # leases (expired by the time a copy is used; copied so the counts verify as for any table)
          "conversation_leases", "consolidation_claims")

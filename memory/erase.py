@@ -110,6 +110,7 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
     if not uid:
         raise ValueError("no user to erase")
     c: dict[str, int] = {}
+    gone: list[str] = []
     async with db.transaction() as tx:
         # Where they spoke (before their messages go).
         session_ids = await _column(
@@ -150,6 +151,12 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
         c["messages"] = await _run(tx, "DELETE FROM messages WHERE sender_id = ?", (uid,))
 
         if session_ids:
+            # Sessions left without any user message go (what was learned only from them goes
+            # too, below, once the user's own memory layers are deleted).
+            gone = await _column(
+                tx, f"SELECT id FROM sessions WHERE id IN ({marks}) AND NOT EXISTS ("
+                    " SELECT 1 FROM messages m WHERE m.session_id = sessions.id AND m.role = 'user')",
+                tuple(session_ids))
             c["sessions"] = await _run(
                 tx, f"DELETE FROM sessions WHERE id IN ({marks}) AND NOT EXISTS ("
                     " SELECT 1 FROM messages m WHERE m.session_id = sessions.id AND m.role = 'user')",
@@ -182,6 +189,8 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
         c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE user_id = ?", (uid,))
         c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE user_id = ?", (uid,))
         c["modes"] = await _run(tx, "DELETE FROM modes WHERE user_id = ?", (uid,))
+        others = await _forget_learned_only(tx, gone)
+        c["others_facts"], c["others_profile_entries"] = others["facts"], others["profile_entries"]
 
         # Transport: their events are scrubbed (the row stays as the dedup record); their
         # open_id is blanked out of everyone else's events (mentions).
@@ -240,11 +249,42 @@ async def forget_memory(db: Database, user_id: str) -> EraseResult:
     return EraseResult(uid, c)
 
 
+async def _forget_learned_only(tx: Any, session_ids: list[str]) -> dict[str, int]:
+    """Facts and profile entries learned only from ``session_ids`` (``fact_sources``,
+    ``profile_sources``), deleted; a fact or entry the user wrote themselves (``user_edit``),
+    or also taught by a session that stays, is kept. Then those sessions' source rows go."""
+    c = {"facts": 0, "profile_entries": 0}
+    if not session_ids:
+        return c
+    sm = ",".join("?" * len(session_ids))
+    ids = tuple(session_ids)
+    only_here = await _column(
+        tx, "SELECT id FROM facts WHERE source <> 'user_edit' AND id IN"
+            f" (SELECT fact_id FROM fact_sources WHERE session_id IN ({sm})) AND NOT EXISTS"
+            f" (SELECT 1 FROM fact_sources o WHERE o.fact_id = facts.id AND o.session_id NOT IN ({sm}))",
+        ids + ids)
+    if only_here:
+        fm = ",".join("?" * len(only_here))
+        # what a deleted fact had superseded is current again (the correction is gone)
+        await _run(tx, f"UPDATE facts SET superseded_at = NULL, superseded_by = NULL"
+                       f" WHERE superseded_by IN ({fm})", tuple(only_here))
+        c["facts"] = await _run(tx, f"DELETE FROM facts WHERE id IN ({fm})", tuple(only_here))
+    c["profile_entries"] = await _run(
+        tx, "DELETE FROM profile_entries WHERE source <> 'user_edit' AND id IN"
+            f" (SELECT entry_id FROM profile_sources WHERE session_id IN ({sm})) AND NOT EXISTS"
+            f" (SELECT 1 FROM profile_sources o WHERE o.entry_id = profile_entries.id"
+            f"  AND o.session_id NOT IN ({sm}))", ids + ids)
+    await _run(tx, f"DELETE FROM fact_sources WHERE session_id IN ({sm})", ids)
+    await _run(tx, f"DELETE FROM profile_sources WHERE session_id IN ({sm})", ids)
+    return c
+
+
 async def delete_session(db: Database, session_id: str) -> dict[str, int] | None:
     """Delete a session and what was derived from it alone, in one transaction (DESIGN.md §4):
     its messages, its summaries (warm, rolling — they cascade), every participant's episode of
-    it, and the facts learned only from it (``fact_sources``; a fact also learned elsewhere, or
-    written by the user, stays). Returns the counts, or None when there is no such session."""
+    it, and the facts and profile entries learned only from it (``fact_sources``,
+    ``profile_sources``; one also learned elsewhere, or written by the user, stays). Returns
+    the counts, or None when there is no such session."""
     c: dict[str, int] = {}
     async with db.transaction() as tx:
         found = await _column(tx, "SELECT message_count FROM sessions WHERE id = ?", (session_id,))
@@ -256,18 +296,6 @@ async def delete_session(db: Database, session_id: str) -> dict[str, int] | None
             tx, "SELECT COUNT(*) FROM consolidation_state WHERE session_id = ? AND rolling_summary <> ''",
             (session_id,)))[0]
         c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE session_id = ?", (session_id,))
-        only_here = await _column(
-            tx, "SELECT id FROM facts WHERE source <> 'user_edit' AND id IN"
-                " (SELECT fact_id FROM fact_sources WHERE session_id = ?) AND NOT EXISTS"
-                " (SELECT 1 FROM fact_sources o WHERE o.fact_id = facts.id AND o.session_id <> ?)",
-            (session_id, session_id))
-        c["facts"] = 0
-        if only_here:
-            fm = ",".join("?" * len(only_here))
-            # what a deleted fact had superseded is current again (the correction is gone)
-            await _run(tx, f"UPDATE facts SET superseded_at = NULL, superseded_by = NULL"
-                           f" WHERE superseded_by IN ({fm})", tuple(only_here))
-            c["facts"] = await _run(tx, f"DELETE FROM facts WHERE id IN ({fm})", tuple(only_here))
-        await _run(tx, "DELETE FROM fact_sources WHERE session_id = ?", (session_id,))
+        c.update(await _forget_learned_only(tx, [session_id]))
         c["sessions"] = await _run(tx, "DELETE FROM sessions WHERE id = ?", (session_id,))
     return c

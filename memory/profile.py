@@ -50,6 +50,13 @@ learned in a group, or typed by the user (``source="user_edit"``), is ``shared``
 entry keeps its source (``agent_proactive`` | ``consolidator`` | ``user_edit``), chat,
 message id and times. Writes go to ``scope.user_id`` only.
 
+``profile_sources`` records which sessions taught each entry (like ``fact_sources`` for
+facts): the session of the tool call or of the extraction that wrote it, and every session
+that wrote it again word for word. An entry replaced in place (``merge``) now holds the new
+session's words, so its sources become that session alone. Deleting a session
+(``memory.erase.delete_session``) removes the entries learned only from it; one the user
+typed, or one also taught by another session, stays.
+
 基础特征 is never written by background extraction (``source="consolidator"`` is
 refused there); ``apply_extraction`` merges psychological entries into 心理与情绪 in
 companion mode only.
@@ -333,9 +340,12 @@ class ProfileStore:
 
     # -- writing by the model / the consolidator ---------------------------------------
     async def update(
-        self, scope: Scope, section: str, entry: str, mode: str = "append", *, source: str = "agent_proactive"
+        self, scope: Scope, section: str, entry: str, mode: str = "append", *, source: str = "agent_proactive",
+        session_id: str = "",
     ) -> str:
-        """Write one entry to ``scope.user_id``'s profile; a short result for the model."""
+        """Write one entry to ``scope.user_id``'s profile; a short result for the model.
+
+        ``session_id``: the session that taught it (``profile_sources``; module docs)."""
         section = resolve_section(section)
         if mode not in MODES:
             raise ProfileError(f"unknown mode {str(mode)[:30]!r}; use one of: {', '.join(MODES)}")
@@ -360,12 +370,21 @@ class ProfileStore:
             next_pos = (max(r["position"] for r in rows) + 1) if rows else 0
             provenance = (source, scope.chat_id, scope.message_id)
 
+            def taught(entry_id: int, *, only: bool = False) -> None:
+                if not session_id:
+                    return
+                if only:      # replaced in place: the old words (and where they came from) are gone
+                    tx.execute("DELETE FROM profile_sources WHERE entry_id = ?", (entry_id,))
+                tx.execute("INSERT OR IGNORE INTO profile_sources(entry_id, session_id) VALUES (?, ?)",
+                           (entry_id, session_id))
+
             def insert(position: int) -> None:
-                tx.execute(
+                cur = tx.execute(
                     "INSERT INTO profile_entries(user_id, section, position, entry, visibility, source, chat_id,"
                     " message_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (scope.user_id, section, position, text, visibility, *provenance, now, now),
                 )
+                taught(int(cur.lastrowid))
 
             if mode == "overwrite":
                 gone = [r["id"] for r in visible]
@@ -385,6 +404,7 @@ class ProfileStore:
                     "UPDATE profile_entries SET entry = ?, visibility = ?, updated_at = ? WHERE id = ?",
                     (text, keep_vis, now, same["id"]),
                 )
+                taught(same["id"])
                 return f"Already in {section}; nothing added."
 
             if mode == "merge" and visible:
@@ -395,6 +415,7 @@ class ProfileStore:
                         " message_id = ?, updated_at = ? WHERE id = ?",
                         (text, visibility, *provenance, now, best["id"]),
                     )
+                    taught(best["id"], only=True)
                     return f"Updated in {section}: replaced {best['entry']!r}."
 
             if len(rows) >= MAX_SECTION_ENTRIES:
@@ -407,7 +428,8 @@ class ProfileStore:
 
         return await self.db.write(write)
 
-    async def apply_extraction(self, scope: Scope, entries: Iterable[Any], *, companion: bool) -> int:
+    async def apply_extraction(self, scope: Scope, entries: Iterable[Any], *, companion: bool,
+                               session_id: str = "") -> int:
         """Merge background psychological extraction into 心理与情绪 — companion mode only.
 
         ``entries``: strings, or the consolidator's ``{"entry": ...}`` objects. Invalid ones are
@@ -419,7 +441,7 @@ class ProfileStore:
         for item in entries:
             text = item.get("entry") if isinstance(item, Mapping) else item
             try:
-                await self.update(scope, PSYCH, text, "merge", source="consolidator")
+                await self.update(scope, PSYCH, text, "merge", source="consolidator", session_id=session_id)
             except ProfileError as e:
                 log.info("profile extraction skipped: %s", e)
                 continue

@@ -242,6 +242,13 @@ async def _seed(path: Path) -> dict[str, str]:
         await facts.add(alice, "用户想学做乌龙茶", "preference", source="consolidator", session_id=a.id)
         await facts.add(alice, "用户住在杭州", "knowledge", source="consolidator", session_id=a.id)
         await facts.add(alice, "用户住在杭州", "knowledge", source="consolidator", session_id=c.id)
+        # and likewise a profile entry taught only there, one also taught in another session
+        from memory.profile import ProfileStore
+
+        profile = ProfileStore(db)
+        await profile.update(alice, "goals", "学会做乌龙茶", session_id=a.id)
+        await profile.update(alice, "identity", "住在杭州", session_id=a.id)
+        await profile.update(alice, "identity", "住在杭州", session_id=c.id)
         return {"alice": a.id, "team": b.id, "local1": c.id, "local2": d.id}
     finally:
         await db.close()
@@ -338,11 +345,12 @@ def test_session_delete_asks_first(seeded, capsys, monkeypatch):
     capsys.readouterr()
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     assert main(["session", "delete", "ab12"]) == 0
-    assert (f"deleted session {seeded['alice']} (3 messages, 1 episodes, 0 summaries, 1 facts learned only there)"
-            in capsys.readouterr().out)
+    assert (f"deleted session {seeded['alice']} (3 messages, 1 episodes, 0 summaries, 1 facts and 1 profile "
+            "entries learned only there)" in capsys.readouterr().out)
     home = Path(os.environ["ETHAN_HOME"]) / "ethan.db"
     assert db_rows(home, "SELECT COUNT(*) AS n FROM episodes")[0]["n"] == 0
     assert [r["content"] for r in db_rows(home, "SELECT content FROM facts")] == ["用户住在杭州"]
+    assert [r["entry"] for r in db_rows(home, "SELECT entry FROM profile_entries")] == ["住在杭州"]
     assert main(["session", "delete", "cd12", "--yes"]) == 0
     capsys.readouterr()
     rows = db_rows(Path(os.environ["ETHAN_HOME"]) / "ethan.db", "SELECT id FROM sessions")

@@ -235,3 +235,51 @@ async def test_chat_rules_she_set_stay_with_the_chat(world):
     rules = await world.procedures.list(BOB, GROUP)
     assert "chat rule by alice" in [r.rule for r in rules]
     assert all(r.created_by != ALICE for r in rules)
+
+
+# -- deleting a session: what was learned only from it (DESIGN.md §4) ----------------------------
+
+
+async def test_deleting_a_session_removes_profile_entries_learned_only_there(db):
+    from memory.erase import delete_session
+
+    sessions, profile = SessionStore(db), ProfileStore(db)
+    alice = Scope(user_id=ALICE, chat_id=P2P_A, chat_type="p2p", message_id="om_1")
+    first = (await sessions.append_user(alice, "我想转行做设计")).session.id
+    await sessions.close_active(P2P_A)
+    second = (await sessions.append_user(alice, "继续聊转行")).session.id
+    await profile.update(alice, "goals", "转行做产品设计", session_id=first)          # only there
+    await profile.update(alice, "identity", "住在杭州", session_id=first)             # taught twice
+    await profile.update(alice, "identity", "住在杭州", session_id=second)
+    await profile.update(alice, "work style", "回答长度：简短", session_id=second)
+    # replaced in place by the deleted session: the entry now holds its words only
+    await profile.update(alice, "work style", "回答长度：详细", "merge", session_id=first)
+    await profile.apply_extraction(alice, ["最近焦虑"], companion=True, session_id=first)
+    await profile.update(alice, "agreements", "每周一提醒我复盘")                      # no session known: kept
+    await profile.write_document(ALICE, (await profile.read_document(ALICE)) .replace(
+        "## 个人语言与激励\n", "## 个人语言与激励\n- 慢慢来\n"))                          # typed by her: kept
+    counts = await delete_session(db, first)
+    assert counts["profile_entries"] == 3 and counts["sessions"] == 1, counts
+    left = sorted(e.entry for e in await profile.list(ALICE))
+    assert left == sorted(["住在杭州", "每周一提醒我复盘", "慢慢来"])
+    # and the other session's provenance still counts: deleting it removes what it alone taught
+    counts = await delete_session(db, second)
+    assert counts["profile_entries"] == 1
+    assert sorted(e.entry for e in await profile.list(ALICE)) == sorted(["每周一提醒我复盘", "慢慢来"])
+    rows = await db.fetchall("SELECT session_id FROM profile_sources")
+    assert rows == []
+
+
+async def test_a_fact_and_an_entry_she_typed_stay_when_their_session_goes(db):
+    from memory.erase import delete_session
+
+    sessions, facts, profile = SessionStore(db), FactStore(db), ProfileStore(db)
+    alice = Scope(user_id=ALICE, chat_id=P2P_A, chat_type="p2p", message_id="om_1")
+    sid = (await sessions.append_user(alice, "记住我喜欢乌龙茶")).session.id
+    await facts.add(alice, "用户喜欢乌龙茶", "preference", source="agent_proactive", session_id=sid)
+    await facts.add(alice, "用户养猫", "knowledge", source="user_edit", session_id=sid)
+    await profile.update(alice, "goals", "学茶艺", source="user_edit", session_id=sid)
+    counts = await delete_session(db, sid)
+    assert (counts["facts"], counts["profile_entries"]) == (1, 0)
+    assert [f.content for f in await facts.list(ALICE)] == ["用户养猫"]
+    assert [e.entry for e in await profile.list(ALICE)] == ["学茶艺"]

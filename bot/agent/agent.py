@@ -176,7 +176,7 @@ class Agent:
             messages = with_images(messages, turn.images)
         system, messages = mark_cache(system, messages, TOOL_SPECS, model=model_name)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
-                          user_text=turn.text)
+                          user_text=turn.text, session_id=session.id)
         self.calls += 1
         if self.on_call is not None:
             self.on_call()

@@ -31,6 +31,7 @@ class ToolContext:
     procedures: Any
     profile: Any
     user_text: str = ""
+    session_id: str = ""     # the session of the request: what the tools write is learned from it
 
 
 class Tool(Protocol):

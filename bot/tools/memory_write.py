@@ -29,5 +29,6 @@ class MemoryWrite:
         if "\n" in args.content:
             raise ValueError("content must be one line")
         write = await ctx.facts.add(ctx.scope, args.content, args.category,
-                                    source="agent_proactive", user_text=ctx.user_text)
+                                    source="agent_proactive", user_text=ctx.user_text,
+                                    session_id=ctx.session_id)
         return f"{write.action}: fact #{write.fact.id} ({args.category}, confidence {write.fact.confidence:.2f})"

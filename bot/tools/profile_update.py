@@ -30,4 +30,4 @@ class ProfileUpdate:
 
     async def run(self, ctx: ToolContext, args: ProfileUpdateInput) -> str:
         return await ctx.profile.update(ctx.scope, args.section, args.entry, args.mode,
-                                        source="agent_proactive")
+                                        source="agent_proactive", session_id=ctx.session_id)

@@ -17,4 +17,5 @@ MIGRATIONS: list[str] = [
     core.V5,       # inbox dedup keyed on the event (dedup_key), chat_greetings
     core.V6,       # chats_left: chats the bot was removed from survive a restart
     core.V7,       # replicas: inbox row owner + lease, conversation leases, consolidation claims
+    profile.V8,    # profile_sources: which sessions taught each profile entry
 ]

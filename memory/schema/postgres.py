@@ -331,4 +331,14 @@ CREATE TABLE consolidation_claims (
 );
 """
 
-PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
+# Version 8: which sessions taught each profile entry (memory/schema/profile.py V8).
+V8 = """
+CREATE TABLE profile_sources (
+    entry_id    BIGINT NOT NULL REFERENCES profile_entries(id) ON DELETE CASCADE,
+    session_id  TEXT NOT NULL,
+    PRIMARY KEY (entry_id, session_id)
+);
+CREATE INDEX profile_sources_session ON profile_sources(session_id);
+"""
+
+PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]

@@ -18,3 +18,15 @@ CREATE TABLE profile_entries (
 );
 CREATE INDEX profile_user ON profile_entries(user_id, section, position);
 """
+
+V8 = """
+-- Which sessions taught a profile entry (like fact_sources for facts), so deleting a session
+-- removes the entries learned only from it (DESIGN.md §4). Entries from before v8 have no
+-- rows, and an entry the user typed (source 'user_edit') is theirs: both stay.
+CREATE TABLE profile_sources (
+    entry_id    INTEGER NOT NULL REFERENCES profile_entries(id) ON DELETE CASCADE,
+    session_id  TEXT NOT NULL,
+    PRIMARY KEY (entry_id, session_id)
+);
+CREATE INDEX profile_sources_session ON profile_sources(session_id);
+"""

@@ -233,3 +233,31 @@ async def test_memory_write_correction_supersedes_the_fact_it_corrects(tmp_path)
         assert old["superseded_at"] is not None and old["superseded_by"] == new["id"]   # history kept
         assert new["superseded_at"] is None
 
+
+
+async def test_deleting_the_session_where_she_said_remember_removes_what_the_tools_wrote(tmp_path):
+    # issue 19: memory_write facts record their session (fact_sources), profile_update entries
+    # theirs (profile_sources), so deleting that session takes them; what another session also
+    # taught stays, and whoever deleted it is told how much went.
+    async with Harness(tmp_path) as h:
+        h.model.script(
+            ToolUse("memory_write", {"content": "Alice 喜欢喝乌龙茶", "category": "preference"}),
+            ToolUse("profile_update", {"section": "目标与方向", "entry": "学会做乌龙茶"}),
+            ToolUse("profile_update", {"section": "身份与背景", "entry": "住在杭州"}),
+            Text("记住了。"),
+            ToolUse("profile_update", {"section": "身份与背景", "entry": "住在杭州"}),
+            Text("好的。"),
+        )
+        await _turn(h, "记住：我喜欢喝乌龙茶，想学会做乌龙茶，我住在杭州", 1, **ALICE)
+        first = (await h.app.db.fetchone("SELECT session_id FROM messages WHERE role = 'user'"))["session_id"]
+        await _turn(h, "/new", 2, **ALICE)
+        await _turn(h, "我还住在杭州", 3, **ALICE)
+        assert [r["content"] for r in await h.app.db.fetchall("SELECT content FROM facts")] == ["Alice 喜欢喝乌龙茶"]
+        async with h.http.delete(f"{h.url}/api/sessions/{first}") as resp:
+            assert resp.status == 200
+            body = await resp.json()
+        removed = body["removed"]
+        assert (removed["facts"], removed["profile_entries"]) == (1, 1), removed
+        assert await h.app.db.fetchall("SELECT id FROM facts") == []
+        left = await h.app.db.fetchall("SELECT entry FROM profile_entries")
+        assert [r["entry"] for r in left] == ["住在杭州"]

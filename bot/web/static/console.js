@@ -384,9 +384,16 @@
     var b = document.querySelector("[data-action=delete-session]");
     if (!b) return;
     b.addEventListener("click", function () {
-      if (!window.confirm("Delete this session and its messages? Facts and episodes stay.")) return;
+      if (!window.confirm("Delete this session, its messages, its episodes and summaries, and the facts and " +
+                          "profile entries learned only from it?")) return;
       api("DELETE", "/api/sessions/" + encodeURIComponent(b.getAttribute("data-session"))).then(function (r) {
-        if (r.ok) window.location.href = b.getAttribute("data-back") || "/sessions";
+        if (r.ok) {
+          var c = r.data.removed || {};
+          window.alert("Deleted " + (c.messages || 0) + " messages, " + (c.episodes || 0) + " episodes, " +
+                       (c.summaries || 0) + " summaries, " + (c.facts || 0) + " facts and " +
+                       (c.profile_entries || 0) + " profile entries learned only there.");
+          window.location.href = b.getAttribute("data-back") || "/sessions";
+        }
         else status(b.parentNode.querySelector(".status"), r.data.error || "failed");
       });
     });
