@@ -169,3 +169,33 @@ async def test_extraction_decides_against_the_existing_facts_and_the_store_appli
         assert by["用户在杭州工作"]["superseded_at"] is not None
         assert by["用户喜欢乌龙茶"]["confidence"] > 0.8                          # reinforced
         assert any(any("杭州" in t for _, t in known) for known in seen)        # it was shown the facts
+
+
+async def test_deleting_a_session_removes_the_profile_entries_extraction_learned_only_there(tmp_path):
+    # issue 19: profile entries keep which sessions taught them (profile_sources); extraction's
+    # 心理与情绪 entries (companion mode) are learned from the session it read
+    def extract(req):
+        said = " ".join(b.get("text", "") for m in req["messages"] for b in
+                        (m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]))
+        psych = ["最近工作压力很大"] + (["对搬家感到焦虑"] if "搬家" in said else [])
+        return {"facts": [], "profile_psych": psych}
+
+    async with Harness(tmp_path) as h:
+        h.model.responder = lambda req: Text("ok") if is_chat(req) else default_responder(req)
+        h.model.on_tool("extract_memories", extract, keys={"facts", "profile_psych"})
+        await _say(h, "/mode 陪伴", **ALICE)
+        await _say(h, "我下个月要搬家，工作也很忙", **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        first = (await h.app.db.fetchone(
+            "SELECT session_id FROM messages WHERE content LIKE '%搬家%'"))["session_id"]
+        await _say(h, "今天又加班了，压力好大", **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        entries = sorted(r["entry"] for r in await h.app.db.fetchall("SELECT entry FROM profile_entries"))
+        assert entries == ["对搬家感到焦虑", "最近工作压力很大"]
+        async with h.http.delete(f"{h.url}/api/sessions/{first}") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["removed"]["profile_entries"] == 1
+        entries = [r["entry"] for r in await h.app.db.fetchall("SELECT entry FROM profile_entries")]
+        assert entries == ["最近工作压力很大"]          # the second session taught it too
