@@ -501,10 +501,15 @@ class Commands:
         log.warning("command.reset_user", chat_id=ctx.inbound.chat_id, user_id=ctx.user,
                     target_tail=target[-6:], **result.counts)
         c = result.counts
-        return ctx.t(f"已删除 {label} 的全部数据（{c.get('facts', 0)} 条记忆、{c.get('messages', 0)} 条消息、"
-                     f"{c.get('episodes', 0)} 条情节记忆等）。",
+        rebuilt = c.get("episodes_redacted", 0) + c.get("episodes_dropped", 0)
+        return ctx.t(f"已删除 {label} 的全部数据（{c.get('facts', 0)} 条记忆、{c.get('profile_entries', 0)} 条画像、"
+                     f"{c.get('messages', 0)} 条消息、{c.get('episodes', 0)} 条情节记忆等）"
+                     + (f"；其他成员的 {rebuilt} 条群聊情节记忆已去掉 TA 的话" if rebuilt else "") + "。",
                      f"Erased everything stored about {label} ({c.get('facts', 0)} facts, "
-                     f"{c.get('messages', 0)} messages, {c.get('episodes', 0)} episodes, …).")
+                     f"{c.get('profile_entries', 0)} profile entries, {c.get('messages', 0)} messages, "
+                     f"{c.get('episodes', 0)} episodes, …)"
+                     + (f"; {rebuilt} of other members' group episodes no longer hold their words" if rebuilt else "")
+                     + ".")
 
     async def stats(self, ctx: Ctx) -> str:
         t = await Stats(self.db).totals()

@@ -19,10 +19,20 @@ user's data is gone or (on any error) none of it is touched. What it removes:
   other rows' payloads (mentions); outbox rows of replies to their messages are deleted;
 * **attribution**: chat rules an admin set keep the rule but lose ``created_by``.
 
+* **other members' episodes** of a group session they spoke in (the session survives):
+  the erased person's words must not survive in anyone's memory, while the others keep their
+  own. Such an episode's indexed turns (``episode_chunks``) are rebuilt from the lines the
+  remaining members said; its summary — written by a model over the whole session, so it may
+  quote or paraphrase the erased person in ways no string match can find — is replaced by an
+  extractive one made of the remaining lines (``REDACTED_SUMMARY_LINES`` opening sentences),
+  its keywords and search terms re-derived, its model recorded as ``REDACTED_MODEL``. An
+  episode with no remaining line is deleted. Counted as ``episodes_redacted`` /
+  ``episodes_dropped``.
+
 Not touched: the ``audit`` table. The audit row of the erase itself names the erased
 open_id — the one place it remains, on purpose, for accountability (who erased whom,
-when). Free text that *other* people wrote about them (their own messages, facts,
-episodes) is theirs and stays.
+when). Free text that *other* people wrote about them (their own messages, facts, their
+lines in an episode) is theirs and stays.
 
 The FTS indexes are optimised afterwards so the deleted text is merged out of their
 segments instead of lingering as tombstoned tokens.
@@ -40,10 +50,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncio
+import re
+
 from memory.db import Database, dialect_of, fetch_all
+from memory.episodic import extract_keywords, is_warm, prepare_chunks, summary_terms, warm_up, write_chunks
 from memory.sessions import make_title
+from memory.speaker import label as speaker_label
 
 ERASED_PAYLOAD = '{"erased": true}'
+REDACTED_MODEL = "extractive (erase)"   # an episode summary rebuilt without an erased member
+REDACTED_SUMMARY_LINES = 6              # opening sentences of the remaining lines kept in it
+REDACTED_LINE_CHARS = 80
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=[.] )")
 
 # The sender of an inbox event (Lark v2 envelope).
 _SENDER = ("CASE WHEN json_valid(payload) THEN "
@@ -104,6 +123,49 @@ def _scrub_payload(payload: str, uid: str) -> str:
     return payload.replace(uid, "")
 
 
+def redacted_summary(lines: list[str]) -> str:
+    """An extractive summary of what the remaining members said: each line's first sentence,
+    cut, for the first ``REDACTED_SUMMARY_LINES`` lines."""
+    parts = []
+    for line in lines[:REDACTED_SUMMARY_LINES]:
+        first = _SENTENCE_END.split(" ".join(line.split()), maxsplit=1)[0].strip()
+        parts.append(first if len(first) <= REDACTED_LINE_CHARS else first[:REDACTED_LINE_CHARS - 1] + "…")
+    return " ".join(p for p in parts if p)
+
+
+async def _redact_episodes(tx: Any, uid: str, session_ids: list[str]) -> tuple[int, int]:
+    """Other members' episodes of ``session_ids`` (her messages already deleted): turns rebuilt
+    from the remaining lines, summary replaced by an extractive one (module docs). Returns
+    (redacted, dropped)."""
+    redacted = dropped = 0
+    for sid in session_ids:
+        eps = await _column(tx, "SELECT id FROM episodes WHERE session_id = ? AND user_id <> ?", (sid, uid))
+        if not eps:
+            continue
+        upto = await _column(tx, "SELECT episode_upto FROM consolidation_state WHERE session_id = ?", (sid,))
+        limit = int(upto[0]) if upto and upto[0] else 0
+        rows = await fetch_all(
+            tx, "SELECT content, sender_name FROM messages WHERE session_id = ? AND role = 'user'"
+                " AND tool_call_id IS NULL AND (? = 0 OR id <= ?) ORDER BY id", (sid, limit, limit))
+        # the same lines the episode writer indexes (memory/consolidation_queue.py _said)
+        lines = [speaker_label(r["content"], r["sender_name"]) if r["sender_name"] else r["content"]
+                 for r in rows if (r["content"] or "").strip()]
+        em = ",".join("?" * len(eps))
+        summary = redacted_summary(lines)
+        if not summary:
+            dropped += await _run(tx, f"DELETE FROM episodes WHERE id IN ({em})", tuple(eps))
+            continue
+        keywords = extract_keywords(summary)
+        terms = summary_terms(summary, keywords)
+        chunks = prepare_chunks(lines)
+        await _run(tx, f"UPDATE episodes SET summary = ?, keywords = ?, terms = ?, model = ? WHERE id IN ({em})",
+                   (summary, json.dumps(keywords, ensure_ascii=False), terms, REDACTED_MODEL, *eps))
+        for eid in eps:
+            await write_chunks(tx, eid, chunks)
+        redacted += len(eps)
+    return redacted, dropped
+
+
 async def erase_user(db: Database, user_id: str) -> EraseResult:
     """Remove every trace of ``user_id`` (module docs) in one transaction."""
     uid = (user_id or "").strip()
@@ -111,6 +173,8 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
         raise ValueError("no user to erase")
     c: dict[str, int] = {}
     gone: list[str] = []
+    if not is_warm():
+        await asyncio.to_thread(warm_up)      # jieba, for rebuilding group episodes: off the loop
     async with db.transaction() as tx:
         # Where they spoke (before their messages go).
         session_ids = await _column(
@@ -188,6 +252,8 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
             tx, "UPDATE procedures SET created_by = '' WHERE created_by = ?", (uid,))
         c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE user_id = ?", (uid,))
         c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE user_id = ?", (uid,))
+        c["episodes_redacted"], c["episodes_dropped"] = await _redact_episodes(
+            tx, uid, [s for s in session_ids if s not in set(gone)])
         c["modes"] = await _run(tx, "DELETE FROM modes WHERE user_id = ?", (uid,))
         others = await _forget_learned_only(tx, gone)
         c["others_facts"], c["others_profile_entries"] = others["facts"], others["profile_entries"]
@@ -206,8 +272,9 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
         # Merge the FTS segments so deleted text does not linger as tombstoned tokens.
         if c["messages"] or c["replies"] or c.get("sessions"):
             await _optimize(tx, "messages_fts")
-        if c["episodes"]:
+        if c["episodes"] or c["episodes_redacted"] or c["episodes_dropped"]:
             await _optimize(tx, "episodes_fts")
+            await _optimize(tx, "episode_chunks_fts")
     return EraseResult(uid, c)
 
 
@@ -244,8 +311,9 @@ async def forget_memory(db: Database, user_id: str) -> EraseResult:
         c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE user_id = ?", (uid,))
         c["consolidation_writes"] = await _run(
             tx, "DELETE FROM consolidation_writes WHERE user_id = ?", (uid,))
-        if c["episodes"]:
+        if c["episodes"] or c["episodes_redacted"] or c["episodes_dropped"]:
             await _optimize(tx, "episodes_fts")
+            await _optimize(tx, "episode_chunks_fts")
     return EraseResult(uid, c)
 
 

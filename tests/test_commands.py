@@ -440,6 +440,11 @@ async def populate_user(h, victim: str, group: str) -> None:
     await m.profile.update(scope(victim, p2p), "identity", "lives in Lyon")
     await m.episodes.write(session_id=fresh("s"), user_id=victim, chat_id=p2p, chat_type="p2p",
                            summary="Victor talked about chess openings", turn_count=2)
+    # Bob's episode of the group they both spoke in, as a model would summarise it
+    sid = (await h.app.db.fetchone("SELECT session_id FROM messages WHERE content LIKE '%Bob here%'"))["session_id"]
+    await m.episodes.write(session_id=sid, user_id=BOB, chat_id=group, chat_type="group",
+                           summary="Victor said hello; Bob greeted Victor", turn_count=2,
+                           turns=["[Victor] hello group, Victor here", "[Bob] hi Victor, Bob here"])
     await m.modes.set(victim, p2p, COMPANION)
 
 
@@ -463,6 +468,11 @@ async def test_admin_reset_user_erases_everything_about_them(h):
     done = await ask(h, "/reset user @_user_1 confirm", sender=ADMIN, chat_id=group, chat_type="group",
                      mentions=victim_mention)
     assert "Victor" in done
+    assert "2 facts, 1 profile entries" in done and "1 of other members' group episodes" in done, done
+    [bob_ep] = [e for e in await h.app.memory.episodes.list(BOB) if e.chat_id == group]
+    # his words stay (naming her, as he did), hers are gone
+    assert bob_ep.summary.startswith("[Bob] ") and "Bob here" in bob_ep.summary
+    assert "group, Victor here" not in bob_ep.summary and "said hello" not in bob_ep.summary
     assert chat_requests(h) == before
     await h.idle()
     left = await find_user(h.app.db, victim)

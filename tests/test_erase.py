@@ -188,7 +188,10 @@ async def test_erase_removes_her_words_and_the_replies_to_them(world):
     # Full-text search no longer finds her words.
     assert await world.sessions.search("zebra-painting") == []
     assert await world.episodes.search(ALICE, "guitar") == []
-    assert len(await world.episodes.search(BOB, "guitar")) == 2
+    # Bob's p2p episode is his alone; his episode of the group they shared is rebuilt from
+    # what he said there (its summary may have quoted her)
+    assert [e.session_id for e in await world.episodes.search(BOB, "guitar")] == [world.sid["b"]]
+    assert [e.session_id for e in await world.episodes.search(BOB, "group-words")] == [world.sid["g"]]
 
 
 async def test_erase_keeps_the_inbox_as_dedup_record_and_drops_her_outbox(world):
@@ -283,3 +286,67 @@ async def test_a_fact_and_an_entry_she_typed_stay_when_their_session_goes(db):
     assert (counts["facts"], counts["profile_entries"]) == (1, 0)
     assert [f.content for f in await facts.list(ALICE)] == ["用户养猫"]
     assert [e.entry for e in await profile.list(ALICE)] == ["学茶艺"]
+
+
+# -- other members' group episodes (DESIGN.md §4; memory/erase.py) --------------------------------
+
+CAROL = "ou_carol"
+
+
+async def test_other_members_group_episodes_lose_her_words_and_keep_theirs(db, backend):
+    from memory.erase import REDACTED_MODEL
+
+    sessions, episodes = SessionStore(db), EpisodeStore(db)
+    n = iter(range(100))
+
+    async def say(user, chat, text):
+        scope = Scope(user_id=user, chat_id=chat, chat_type="group", message_id=f"om_g{next(n)}")
+        return (await sessions.append_user(scope, text, sender_name=user[3:].title())).session.id
+
+    sid = await say(ALICE, GROUP, "我下周去 zebra 市出差。顺便见客户")
+    await say(BOB, GROUP, "我负责订 kiwi 酒店")
+    await say(ALICE, GROUP, "我的护照快过期了")
+    await say(BOB, GROUP, "我下周也在 kiwi 开会")
+    lines = ["[Alice] 我下周去 zebra 市出差。顺便见客户", "[Bob] 我负责订 kiwi 酒店",
+             "[Alice] 我的护照快过期了", "[Bob] 我下周也在 kiwi 开会"]
+    # what a model writes over the whole session: it quotes and paraphrases her
+    summary = "Alice 下周去 zebra 市出差，护照快过期；Bob 订 kiwi 酒店并在那里开会。"
+    for user in (ALICE, BOB):
+        await episodes.write(session_id=sid, user_id=user, chat_id=GROUP, chat_type="group", summary=summary,
+                             turn_count=2, turns=lines, model="claude-haiku-4-5")
+    other = await say(BOB, "oc_group2", "和 Carol 讨论 mango 项目")          # she never spoke there
+    await say(CAROL, "oc_group2", "mango 项目下周上线")
+    untouched = await episodes.write(session_id=other, user_id=CAROL, chat_id="oc_group2", chat_type="group",
+                                     summary="Bob 和 Carol 讨论 mango 项目上线", turn_count=2,
+                                     turns=["[Bob] 和 Carol 讨论 mango 项目", "[Carol] mango 项目下周上线"])
+
+    result = await erase_user(db, ALICE)
+
+    assert (result.counts["episodes"], result.counts["episodes_redacted"]) == (1, 1), result.counts
+    [bob_ep] = await episodes.list(BOB)
+    assert bob_ep.session_id == sid and bob_ep.model == REDACTED_MODEL
+    assert bob_ep.summary == "[Bob] 我负责订 kiwi 酒店 [Bob] 我下周也在 kiwi 开会"   # his own words, kept
+    assert await episodes.turns(bob_ep.id) == ["[Bob] 我负责订 kiwi 酒店", "[Bob] 我下周也在 kiwi 开会"]
+    assert "zebra" not in " ".join(bob_ep.keywords)
+    # her words, the model's paraphrase of them and her name are nowhere
+    assert await scan(db, ("zebra", "护照", "Alice", "出差")) == {}
+    assert (await episodes.get(CAROL, untouched.id)).summary == untouched.summary
+    if backend == "sqlite":          # episode search is not yet on PostgreSQL
+        assert [e.id for e in await episodes.search(BOB, "kiwi 酒店")] == [bob_ep.id]
+        assert await episodes.search(BOB, "zebra 护照 出差") == []
+
+
+async def test_a_group_episode_with_none_of_the_others_lines_left_is_dropped(db):
+    sessions, episodes = SessionStore(db), EpisodeStore(db)
+    scope = Scope(user_id=ALICE, chat_id=GROUP, chat_type="group", message_id="om_x1")
+    said = await sessions.append_user(scope, "只有我说话", sender_name="Alice")
+    sid = said.session.id
+    # the episode covers only her line (his came after it was written)
+    await WorkingMemory(db, sessions).mark_episode(sid, said.message.id)
+    bob = Scope(user_id=BOB, chat_id=GROUP, chat_type="group", message_id="om_x2")
+    await sessions.append_user(bob, "后来我才说话", sender_name="Bob")
+    await episodes.write(session_id=sid, user_id=BOB, chat_id=GROUP, chat_type="group",
+                         summary="Alice 说只有她说话", turn_count=2, turns=["[Alice] 只有我说话"])
+    result = await erase_user(db, ALICE)
+    assert result.counts["episodes_dropped"] == 1
+    assert await episodes.list(BOB) == []
