@@ -350,3 +350,21 @@ async def test_a_group_episode_with_none_of_the_others_lines_left_is_dropped(db)
     result = await erase_user(db, ALICE)
     assert result.counts["episodes_dropped"] == 1
     assert await episodes.list(BOB) == []
+
+
+async def test_erase_removes_what_others_learned_only_from_the_sessions_it_deletes(db):
+    # A session only she spoke in goes with her; a memory of Bob's sourced only there (say he
+    # read along and a tool wrote for him) goes too, one he also learned elsewhere stays.
+    sessions, facts, profile = SessionStore(db), FactStore(db), ProfileStore(db)
+    hers = (await sessions.append_user(Scope(ALICE, P2P_A, "p2p", message_id="om_h"), "只有我")).session.id
+    his = (await sessions.append_user(Scope(BOB, P2P_B, "p2p", message_id="om_b"), "我的会话")).session.id
+    bob = Scope(BOB, P2P_B, "p2p")
+    await facts.add(bob, "Bob 喜欢爬山", "preference", source="consolidator", session_id=hers)
+    await facts.add(bob, "Bob 住在成都", "knowledge", source="consolidator", session_id=hers)
+    await facts.add(bob, "Bob 住在成都", "knowledge", source="consolidator", session_id=his)
+    await profile.update(bob, "goals", "爬完四姑娘山", session_id=hers)
+    result = await erase_user(db, ALICE)
+    assert (result.counts["others_facts"], result.counts["others_profile_entries"]) == (1, 1)
+    assert [f.content for f in await facts.list(BOB)] == ["Bob 住在成都"]
+    assert await profile.list(BOB) == []
+    assert await db.fetchall("SELECT session_id FROM fact_sources WHERE session_id = ?", (hers,)) == []
