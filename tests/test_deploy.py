@@ -172,9 +172,6 @@ def dockerfile() -> list[Instruction]:
 REPLICAS = ("ethan-1", "ethan-2")
 SERVICES = {"postgres", *REPLICAS, "balancer"}
 HAPROXY = DEPLOY / "haproxy.cfg"
-# Named in compose.yaml ahead of the lease work that makes bot/config.py read them
-# (docs/reliability.md "Replicas"); once Settings has them they are checked like the rest.
-PENDING_SETTINGS = {"ETHAN_REPLICA_ID", "ETHAN_LEASE_SECONDS"}
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +248,7 @@ def test_fixed_environment_entries_are_real_settings(dockerfile, servers, unit):
     unit_env = dict(e.split("=", 1) for e in unit["Service"].get("Environment", []))
     for where, env in (("Dockerfile ENV", image_env), *(("compose environment", s["environment"]) for s in servers),
                        ("unit Environment=", unit_env)):
-        unknown = [k for k in env if k.startswith(("ETHAN_", "LARK_", "ANTHROPIC_")) and k not in fields
-                   and k not in PENDING_SETTINGS]
+        unknown = [k for k in env if k.startswith(("ETHAN_", "LARK_", "ANTHROPIC_")) and k not in fields]
         assert not unknown, f"{where} sets {unknown}, which bot/config.py does not read"
 
 
@@ -356,9 +352,9 @@ def test_two_replicas_share_the_postgres_database_with_distinct_ids(compose, rep
         ids.append(env["ETHAN_REPLICA_ID"])
         # what the code makes of the replica's environment: PostgreSQL at that URL
         settings = load_settings(_env_file=None, ethan_console_token="t" * 32,
-                                 **{k.lower(): v for k, v in env.items()
-                                    if k.startswith("ETHAN_") and k not in PENDING_SETTINGS})
+                                 **{k.lower(): v for k, v in env.items() if k.startswith("ETHAN_")})
         assert settings.database_target == url
+        assert settings.replica_id == name and settings.ethan_lease_seconds == float(env["ETHAN_LEASE_SECONDS"])
     assert ids == list(REPLICAS), "each replica names itself (the owner on the rows it accepts)"
 
 
