@@ -19,6 +19,7 @@ import collections
 from typing import Any, Awaitable, Callable
 
 from bot.log import get_logger
+from memory.db import is_database_error
 
 log = get_logger("ethan.dispatch")
 
@@ -82,8 +83,14 @@ class Dispatcher:
                         more = await self._on_idle(conv_key)
                     except asyncio.CancelledError:
                         raise
-                    except Exception:
-                        log.exception("dispatch.idle_failed", conv_key=conv_key)
+                    except Exception as e:
+                        if is_database_error(e):
+                            # PostgreSQL restarting, SQLite's lock held: expected, and covered
+                            # (the heartbeat releases what this worker no longer works).
+                            log.warning("dispatch.idle_failed", conv_key=conv_key,
+                                        error=f"{type(e).__name__}: {e}"[:200])
+                        else:
+                            log.exception("dispatch.idle_failed", conv_key=conv_key)
                         more = []
                     box.extend(more)
                     if not box:     # nothing more (a submit while on_idle ran lands in box)

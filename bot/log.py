@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
 
 import structlog
 
@@ -29,16 +30,46 @@ def _scrub(_, __, event_dict: dict) -> dict:
 
 
 class _Stderr:
-    """A stream that always writes to the current ``sys.stderr``."""
+    """A stream that always writes to the current ``sys.stderr``, a whole line at a time.
+
+    structlog's print() writes a line and its newline in two calls, under its own lock; a
+    library logging from a thread (psycopg's pool while PostgreSQL is down) writes through the
+    stdlib handler, under another. Between the two calls the other line landed, and two JSON
+    lines became one unreadable line. So text is kept per thread until its newline, and each
+    complete line goes out in one write under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = threading.local()
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        buffered = getattr(self._pending, "text", "") + text
+        head, sep, rest = buffered.rpartition("\n")
+        self._pending.text = rest
+        if sep:
+            with self._lock:
+                sys.stderr.write(head + sep)
+        return len(text)
 
     def flush(self) -> None:
+        rest = getattr(self._pending, "text", "")
+        if rest:
+            self._pending.text = ""
+            with self._lock:
+                sys.stderr.write(rest)
         sys.stderr.flush()
 
     def isatty(self) -> bool:
         return sys.stderr.isatty()
+
+
+class _OneLine(logging.Formatter):
+    """A library's record on one line (psycopg's pool warns in two while PostgreSQL is down):
+    a continuation line would read as unstructured output, e.g. to a log shipper or the tests'
+    "no raw lines" check."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\r", "").replace("\n", " | ")
 
 
 def configure_logging(level: str = "info", *, json: bool | None = None, stream=None) -> None:
@@ -64,6 +95,9 @@ def configure_logging(level: str = "info", *, json: bool | None = None, stream=N
     )
     # Libraries log through stdlib logging; keep them quiet unless something is wrong.
     logging.basicConfig(level=logging.WARNING, stream=stream)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
+            handler.setFormatter(_OneLine(logging.BASIC_FORMAT))
     for noisy in ("Lark", "httpx", "anthropic", "openai", "jieba", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -46,7 +46,7 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from memory.consolidator import Consolidator
-from memory.db import dialect_of
+from memory.db import dialect_of, is_database_error
 from memory.modes import COMPANION
 from memory.scope import Scope
 from memory.similarity import similarity
@@ -264,8 +264,15 @@ class ConsolidationQueue:
                 self._running.discard(sid)
                 self._queue.task_done()
                 raise
-            except Exception:       # _job handles its own failures; this is a bug guard
-                self._emit("error", "consolidation_worker_error", session_id=sid, exc_info=True)
+            except Exception as e:  # _job handles its own failures; this is a bug guard
+                if is_database_error(e):
+                    # The database itself is away (PostgreSQL restarting) where _job could not
+                    # record the failure: not a bug, and the job is looked at again.
+                    self._emit("warning", "consolidation_failed", session_id=sid,
+                               error=f"{type(e).__name__}: {e}"[:200], retry_in=self.backoff_base)
+                    self._schedule(sid, self.backoff_base)
+                else:
+                    self._emit("error", "consolidation_worker_error", session_id=sid, exc_info=True)
             self._running.discard(sid)
             if sid in self._rerun:
                 self._rerun.discard(sid)

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -273,8 +274,25 @@ class AsyncTransaction:
         await self._db._hop(lambda: self.conn.executemany(sql, rows))
 
 
+# SQLSTATEs of a server that is going away or not yet back (admin/crash shutdown, "cannot
+# connect now" while it starts or recovers, too many connections) and class 08 (connection).
+_OUTAGE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def _is_outage(e: BaseException) -> bool:
+    """A lost or refused connection, whatever psycopg calls it: ``OperationalError`` (server
+    closed the connection, AdminShutdown), ``InterfaceError`` (a connection already closed),
+    the pool's timeout — and any error whose SQLSTATE says the server is shutting down or
+    starting. Such an error is DatabaseUnavailable (webhook 503, handler retry), not a bug."""
+    if isinstance(e, (psycopg.OperationalError, psycopg.InterfaceError)):   # PoolTimeout too
+        return True
+    state = getattr(e, "sqlstate", None) or ""
+    return isinstance(e, psycopg.Error) and (state.startswith("08") or state in _OUTAGE_STATES)
+
+
 def _unavailable(e: BaseException) -> DatabaseUnavailable:
-    return DatabaseUnavailable(f"PostgreSQL is unreachable ({str(e).strip().splitlines()[0] if str(e) else type(e).__name__})")
+    text = str(e).strip()
+    return DatabaseUnavailable(f"PostgreSQL is unreachable ({text.splitlines()[0] if text else type(e).__name__})")
 
 
 class PgDatabase:
@@ -289,6 +307,7 @@ class PgDatabase:
         self._pool: ConnectionPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._tx: dict[asyncio.Task, Connection] = {}   # each open transaction() by its task
+        self._checking = False                          # a check of idle connections is running
 
     async def open(self) -> "PgDatabase":
         self._executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="pg")
@@ -328,8 +347,30 @@ class PgDatabase:
             raise DatabaseError("database is not open")
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-        except (psycopg.OperationalError, psycopg_pool_timeout()) as e:
+        except psycopg.Error as e:
+            if not _is_outage(e):
+                raise
+            self._check_idle()
             raise _unavailable(e) from e
+
+    def _check_idle(self) -> None:
+        """One dead connection means the server went away, and a restart killed the idle ones
+        too: test those now (the pool drops the dead and reconnects in the background) rather
+        than hand each to a later request that then fails. In its own thread: the workers may
+        all be busy, and a check against a server still down waits for its connect timeout."""
+        pool = self._pool
+        if pool is None or self._checking:
+            return
+        self._checking = True
+
+        def check() -> None:
+            try:
+                pool.check()
+            except Exception:   # noqa: BLE001 - the pool is closing, or the server is still down
+                pass
+            finally:
+                self._checking = False
+        threading.Thread(target=check, name="pg-check", daemon=True).start()
 
     def _unit(self, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
         """``write``: True = a write transaction; False = a read snapshot; None = one statement

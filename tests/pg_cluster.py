@@ -42,8 +42,12 @@ def _free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, durable: bool = False) -> None:
         self.bindir = bindir
+        # Fast by default: nothing is lost unless the server itself crashes. A test that
+        # crashes it (``stop_server("immediate")``) needs commits that survive that, as on a
+        # real server: synchronous_commit=off forgets the last acknowledged commits.
+        self.durable = durable
         self.dir = Path(tempfile.mkdtemp(prefix="ethan-pg-"))
         self.data = self.dir / "data"
         self.port = _free_port()
@@ -63,10 +67,20 @@ class Cluster:
     def start(self) -> "Cluster":
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust",
                   "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+        self.start_server()
+        return self
+
+    def start_server(self) -> None:
+        """Start the (initialised) server; also after ``stop_server`` (an outage test)."""
+        speed = "" if self.durable else "-c synchronous_commit=off "
         self.pg_ctl("start", "-w", "-t", "60", "-l", str(self.dir / "log"),
                     "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                          "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
-        return self
+                          f"{speed}-c full_page_writes=off -c max_connections=300")
+
+    def stop_server(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data (``fast``: open connections are terminated, as
+        by an operator's restart; ``immediate``: as by a crash)."""
+        self.pg_ctl("stop", "-m", mode, "-w", "-t", "60")
 
     def pg_ctl(self, *args: str) -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), *args)

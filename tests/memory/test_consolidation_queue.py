@@ -19,7 +19,7 @@ from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import (
     COMPRESS_SYSTEM, EPISODE_SYSTEM, EXTRACT_TOOL, FOLD_SYSTEM, SUMMARY_TOOL, Consolidator,
 )
-from memory.db import Database
+from memory.db import Database, database
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.modes import COMPANION, ModeStore
@@ -80,7 +80,7 @@ class World:
         self.model_override, self.backoff, self.workers = model_override, backoff, workers
 
     async def open(self) -> "World":
-        self.db = await Database(self.path).open()
+        self.db = await database(self.path).open()     # a SQLite path or a PostgreSQL URL
         self.sessions = SessionStore(self.db)
         self.working = WorkingMemory(self.db, self.sessions, self.config)
         self.facts = FactStore(self.db)

@@ -1,0 +1,77 @@
+"""Fixtures of the replica tests: one fake Lark and one echoing fake model shared by every
+replica, a :class:`tests.replicas.fleet.Fleet` on a fresh database of the session's cluster,
+and (for the restart test) a cluster of the test's own."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.fakes.fake_anthropic import FakeAnthropic, Text, user_texts
+from tests.reliability.conftest import lark  # noqa: F401 - the same fake Lark fixture
+from tests.replicas.fleet import Fleet
+
+TOKEN = re.compile(r"\b[a-z]+-c\d{2}-n\d{3}\b")
+
+
+def echo(req: dict) -> Text:
+    """``echo: <this message's token> after <the previous user message's token, or ->``: a
+    reply says what it answers and what the model had seen before it, so a test can check
+    each chat's order from the replies alone."""
+    tokens = [t for text in user_texts(req) for t in TOKEN.findall(text)]
+    this = tokens[-1] if tokens else "?"
+    before = tokens[-2] if len(tokens) > 1 else "-"
+    return Text(f"echo: {this} after {before}")
+
+
+@pytest.fixture
+def model():
+    fake = FakeAnthropic().start()
+    fake.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
+    fake.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
+                 keys={"facts", "profile_psych"})
+    fake.responder = echo
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture(scope="module")
+def own_cluster(pg_cluster):
+    """A cluster the module's tests may stop and start (the session's is shared by other
+    tests); each test leaves it running. ``pg_cluster`` first, for its one-line install hint
+    when the binaries are missing. Durable: a crash stop must not lose acknowledged commits."""
+    from tests.pg_cluster import Cluster
+    cluster = Cluster(pg_cluster.bindir, durable=True).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def own_database(own_cluster) -> str:
+    """A fresh, empty database on ``own_cluster`` (the first replica migrates it)."""
+    return own_cluster.new_database(template="template1")
+
+
+@pytest.fixture
+def fleet_on(tmp_path, lark, model):   # noqa: F811
+    """``fleet_on(database_url)`` -> a Fleet; every replica is killed at teardown."""
+    made: list[Fleet] = []
+
+    def make(url: str, **env) -> Fleet:
+        f = Fleet(tmp_path, lark, model, url, **env)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
+
+
+@pytest.fixture
+def fleet(fleet_on, pg_cluster) -> Fleet:
+    return fleet_on(pg_cluster.new_database())
