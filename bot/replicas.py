@@ -49,6 +49,7 @@ class Replicas:
         self._queued: set[int] = set()   # rows submitted by this module and not yet handled
         self.taken_over = 0
         self._idle_once: set[str] = set()   # held, not worked at the last beat
+        self._answered_early: set[int] = set()   # queued rows answered ahead of a newer one
 
     @property
     def owner(self) -> str:
@@ -58,6 +59,9 @@ class Replicas:
         """Answer ``item`` (via ``run``) if this replica may work its conversation now."""
         conv = item.conv_key
         self._queued.discard(item.id)
+        if item.id in self._answered_early:
+            self._answered_early.discard(item.id)    # answered already, in id order (below)
+            return
         if conv not in self.held and item.held and item.attempts == 0:
             self.held.add(conv)     # claimed with the row when it was stored, moments ago
         if conv not in self.held:
@@ -69,18 +73,24 @@ class Replicas:
                 return
             self.held.add(conv)
         for older in await self.inbox.claimable(conv, before=item.id):
-            if older.id in self._waiting() or older.id in self._queued:
+            if older.id in self._waiting():
                 continue
-            await self._run_quietly(older, run)
+            # One still queued is in this conversation's mailbox behind the row at hand (our
+            # own newer row was submitted while the idle look-up that found it ran): answered
+            # now, in id order, and skipped when its turn comes (unless this attempt failed).
+            if await self._run_quietly(older, run) and older.id in self._queued:
+                self._answered_early.add(older.id)
         await run(item)
 
-    async def _run_quietly(self, item: InboxItem, run) -> None:
+    async def _run_quietly(self, item: InboxItem, run) -> bool:
         try:
             await run(item)
+            return True
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the row stays pending; the one at hand goes on
             log.exception("dispatch.job_failed", conv_key=item.conv_key, inbox_id=item.id)
+            return False
 
     async def on_idle(self, conv: str) -> list[InboxItem]:
         """The conversation's mailbox is empty: what other replicas left for it, else release."""
