@@ -31,8 +31,8 @@ from decimal import Decimal
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence, TypeVar
 
 import psycopg
-from psycopg.adapt import Dumper, Loader
-from psycopg.pq import Format
+from psycopg import errors, pq
+from psycopg.adapt import Dumper, Loader, PyFormat, Transformer
 from psycopg_pool import ConnectionPool
 
 from memory.db import DatabaseError, DatabaseUnavailable, IntegrityError, SchemaTooNew
@@ -45,8 +45,9 @@ DEFAULT_POOL = 8
 # Connections are in autocommit mode and transactions are begun by hand, so that BEGIN and the
 # write lock go in one round trip (psycopg's implicit BEGIN would be a round trip of its own),
 # and a one-statement read is one round trip with no transaction around it.
-_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
-_BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode()
+_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_LOCKED_PREFIX = f"SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()
 
 
 # -- rows: sqlite3.Row's shape (by index and by name, dict(row)) ---------------------------
@@ -85,7 +86,7 @@ class _NumericLoader(Loader):
 class _BoolAsInt(Dumper):
     """Flags are INTEGER 0/1 columns on both engines; Python True goes in as 1."""
     oid = psycopg.adapters.types["int8"].oid
-    format = Format.TEXT
+    format = pq.Format.TEXT
 
     def dump(self, obj):
         return b"1" if obj else b"0"
@@ -130,10 +131,12 @@ def _scalar_minmax(sql: str) -> str:
 IDENTITY_TABLES = frozenset(re.findall(r"CREATE TABLE (\w+) \(\s*id\s+BIGINT GENERATED", "\n".join(PG_MIGRATIONS)))
 
 
-def _placeholders(sql: str) -> str:
-    """``?`` -> ``%s`` outside string literals; a literal ``%`` -> ``%%``."""
+def _placeholders(sql: str, dollar: bool = False) -> str:
+    """``?`` -> ``%s`` outside string literals, a literal ``%`` -> ``%%`` (psycopg's query
+    syntax); with ``dollar``, ``?`` -> ``$1, $2, …`` and ``%`` kept (libpq's own syntax)."""
     out: list[str] = []
     quote = ""
+    n = 0
     for ch in sql:
         if quote:
             if ch == quote:
@@ -141,15 +144,15 @@ def _placeholders(sql: str) -> str:
         elif ch in ("'", '"'):
             quote = ch
         elif ch == "?":
-            out.append("%s")
+            n += 1
+            out.append(f"${n}" if dollar else "%s")
             continue
-        out.append("%%" if ch == "%" else ch)
+        out.append("%%" if ch == "%" and not dollar else ch)
     return "".join(out)
 
 
 @functools.lru_cache(maxsize=2048)
-def translate(sql: str) -> tuple[str, bool]:
-    """SQLite-dialect SQL -> (PostgreSQL SQL, whether it returns the inserted id)."""
+def _rewrite(sql: str) -> tuple[str, bool]:
     returns_id = False
     if _INSERT_IGNORE.match(sql):
         sql = _INSERT_IGNORE.sub("INSERT INTO", sql, count=1) + " ON CONFLICT DO NOTHING"
@@ -167,49 +170,197 @@ def translate(sql: str) -> tuple[str, bool]:
     if m and m.group(1).lower() in IDENTITY_TABLES and "RETURNING" not in sql.upper():
         sql = sql.rstrip().rstrip(";") + " RETURNING id"
         returns_id = True
+    return sql, returns_id
+
+
+@functools.lru_cache(maxsize=2048)
+def translate(sql: str) -> tuple[str, bool]:
+    """SQLite-dialect SQL -> (PostgreSQL SQL in psycopg's ``%s`` style, whether it returns the
+    inserted id)."""
+    sql, returns_id = _rewrite(sql)
     return _placeholders(sql), returns_id
 
 
-class Cursor:
-    """The part of sqlite3.Cursor the stores use."""
+@functools.lru_cache(maxsize=2048)
+def _client_template(sql: str) -> tuple[bytes, bool]:
+    """The same translation as a bytes ``%`` template for client-side binding (``write_alone``)."""
+    q, returns_id = translate(sql)
+    return q.encode(), returns_id
 
-    def __init__(self, cur: psycopg.Cursor, returns_id: bool) -> None:
-        self._cur = cur
-        self.lastrowid: int | None = None
-        if returns_id:
-            row = cur.fetchone() if cur.description else None
-            self.lastrowid = int(row[0]) if row else None
-        self.rowcount = cur.rowcount
+
+@functools.lru_cache(maxsize=2048)
+def _native(sql: str) -> tuple[bytes, bool]:
+    """The same translation in libpq's ``$n`` style, encoded: what ``Connection.execute`` sends."""
+    sql, returns_id = _rewrite(sql)
+    return _placeholders(sql, dollar=True).encode(), returns_id
+
+
+class Cursor:
+    """The part of sqlite3.Cursor the stores use, over rows already read off the result."""
+
+    __slots__ = ("_rows", "lastrowid", "rowcount")
+
+    def __init__(self, rows: list, rowcount: int, lastrowid: int | None) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+        self.lastrowid = lastrowid
 
     def fetchone(self):
-        return self._cur.fetchone() if self._cur.description else None
+        return self._rows.pop(0) if self._rows else None
 
     def fetchall(self) -> list:
-        return self._cur.fetchall() if self._cur.description else []
+        rows, self._rows = self._rows, []
+        return rows
 
     def __iter__(self):
         return iter(self.fetchall())
 
     def close(self) -> None:
-        self._cur.close()
+        self._rows = []
+
+
+# A statement is prepared (parsed and planned once per connection) from its second use: the
+# stores' statements are a few dozen fixed strings, each run thousands of times; one-off SQL
+# (built with a variable number of placeholders, DDL, ANALYZE) runs unnamed. Capped per
+# connection so that generated SQL cannot grow the server's memory without bound.
+PREPARE_AFTER = 2
+MAX_PREPARED = 256
+_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY)
+_AUTO = PyFormat.AUTO
+
+
+class _Wire:
+    """Per pooled connection: its Transformer (the connection's adapters: our numeric loader
+    and bool dumper) and its prepared statements."""
+
+    __slots__ = ("tx", "prepared", "seen", "names", "encoding")
+
+    def __init__(self, raw: psycopg.Connection) -> None:
+        self.tx = Transformer(raw)
+        self.prepared: dict[tuple, tuple[bytes, dict[str, int] | None]] = {}
+        self.seen: dict[tuple, int] = {}
+        self.names = 0
+        self.encoding = raw.pgconn._encoding
+
+
+def _raise_for(pgconn: pq.abc.PGconn, res, encoding: str):
+    if pgconn.status == pq.ConnStatus.BAD:
+        # the server went away mid-statement: psycopg's own path raises OperationalError too
+        raise psycopg.OperationalError(pgconn.get_error_message(encoding) or "the connection to the server was lost")
+    if res is None:
+        raise psycopg.OperationalError("no result from the server")
+    err = errors.error_from_result(res, encoding=encoding)
+    if isinstance(err, psycopg.errors.IntegrityError):
+        raise IntegrityError(str(err)) from err
+    raise err
+
+
+def _simple(raw: psycopg.Connection, command: bytes) -> None:
+    """A command without parameters or rows (BEGIN, COMMIT, ROLLBACK, the write lock) straight
+    through libpq (which releases the GIL while it waits): psycopg's cursor machinery costs
+    more CPU than the round trip itself for these."""
+    pgconn = raw.pgconn
+    res = pgconn.exec_(command)
+    if res.status not in _OK:
+        _raise_for(pgconn, res, pgconn._encoding)
 
 
 class Connection:
     """A sqlite3.Connection look-alike over one psycopg connection: what every unit-of-work
-    function of the stores is given on this backend."""
+    function of the stores is given on this backend.
+
+    Statements go to libpq directly (``exec_prepared`` / ``exec_params``) with psycopg's
+    Transformer doing the adaptation both ways — the same dumpers and loaders as a psycopg
+    cursor, without the cursor's per-execute Python (query parsing, prepare bookkeeping, result
+    objects), which was most of this backend's CPU per message (bench/README.md §11)."""
     dialect = "postgres"
 
     def __init__(self, raw: psycopg.Connection) -> None:
         self.raw = raw
+        wire = getattr(raw, "_ethan_wire", None)
+        if wire is None:
+            wire = raw._ethan_wire = _Wire(raw)   # type: ignore[attr-defined]
+        self._wire = wire
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        q, returns_id = translate(sql)
-        cur = self.raw.cursor()
-        try:
-            cur.execute(q, list(params))
-        except psycopg.errors.IntegrityError as e:
-            raise IntegrityError(str(e)) from e
-        return Cursor(cur, returns_id)
+        query, returns_id = _native(sql)
+        wire = self._wire
+        tx = wire.tx
+        pgconn = self.raw.pgconn
+        if params:
+            values = tx.dump_sequence(params, [_AUTO] * len(params))
+            types, formats = tx.types, tx.formats
+        else:
+            values, types, formats = None, (), None
+        key = (query, types)
+        prepared = wire.prepared.get(key)
+        if prepared is not None:
+            res = pgconn.exec_prepared(prepared[0], values, formats, 0)
+        else:
+            seen = wire.seen[key] = wire.seen.get(key, 0) + 1
+            if seen >= PREPARE_AFTER and len(wire.prepared) < MAX_PREPARED:
+                wire.names += 1
+                name = b"ethan_%d" % wire.names
+                res = pgconn.prepare(name, query, types or None)
+                if res.status != pq.ExecStatus.COMMAND_OK:
+                    _raise_for(pgconn, res, wire.encoding)
+                prepared = wire.prepared[key] = (name, None)
+                del wire.seen[key]
+                res = pgconn.exec_prepared(name, values, formats, 0)
+            else:
+                if len(wire.seen) > 4 * MAX_PREPARED:
+                    wire.seen.clear()
+                res = pgconn.exec_params(query, values, types or None, formats, 0)
+        status = res.status
+        if status == pq.ExecStatus.TUPLES_OK:
+            n = res.ntuples
+            if prepared is not None and prepared[1] is not None:
+                index = prepared[1]
+            else:
+                index = {res.fname(i).decode(): i for i in range(res.nfields)}
+                if prepared is not None:
+                    wire.prepared[key] = (prepared[0], index)
+            if n:
+                tx.set_pgresult(res)
+                rows = tx.load_rows(0, n, lambda values: Row(values, index))
+            else:
+                rows = []
+            if returns_id:
+                return Cursor([], n, int(rows[0][0]) if rows else None)
+            return Cursor(rows, n, None)
+        if status not in _OK:
+            _raise_for(pgconn, res, wire.encoding)
+        tuples = res.command_tuples
+        return Cursor([], -1 if tuples is None else tuples, None)
+
+    def write_alone(self, sql: str, params: Sequence[Any]) -> Cursor:
+        """One statement as a whole write transaction, in one round trip: the write lock and
+        the statement go as one simple-protocol message, which PostgreSQL runs as one implicit
+        transaction (the lock is held until it commits). The lock is so held only for the
+        server's own time — never across a reply waiting for this process's interpreter lock,
+        which under load is most of a write unit's time (bench/README.md §11). Parameters are
+        bound client-side, as psycopg's ClientCursor binds them (``Transformer.as_literal``)."""
+        template, returns_id = _client_template(sql)
+        tx = self._wire.tx
+        query = _LOCKED_PREFIX + (template % tuple(b"NULL" if p is None else tx.as_literal(p) for p in params)
+                                  if params else template.replace(b"%%", b"%"))
+        pgconn = self.raw.pgconn
+        res = pgconn.exec_(query)
+        status = res.status
+        if status == pq.ExecStatus.TUPLES_OK:
+            n = res.ntuples
+            if returns_id:
+                return Cursor([], n, int(res.get_value(0, 0).decode()) if n else None)
+            index = {res.fname(i).decode(): i for i in range(res.nfields)}
+            rows = []
+            if n:
+                tx.set_pgresult(res)
+                rows = tx.load_rows(0, n, lambda values: Row(values, index))
+            return Cursor(rows, n, None)
+        if status not in _OK:
+            _raise_for(pgconn, res, self._wire.encoding)
+        tuples = res.command_tuples
+        return Cursor([], -1 if tuples is None else tuples, None)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         q, _ = translate(sql)
@@ -380,14 +531,14 @@ class PgDatabase:
             conn = Connection(raw)
             if write is None:
                 return fn(conn, *args)
-            raw.execute(_BEGIN_WRITE if write else _BEGIN_READ)
+            _simple(raw, _BEGIN_WRITE if write else _BEGIN_READ)
             try:
                 result = fn(conn, *args)
             except BaseException:
                 with contextlib.suppress(Exception):
-                    raw.execute("ROLLBACK")
+                    _simple(raw, b"ROLLBACK")
                 raise
-            raw.execute("COMMIT")
+            _simple(raw, b"COMMIT")
             return result
 
     def _migrate(self) -> None:
@@ -425,10 +576,18 @@ class PgDatabase:
         return await self._hop(lambda: self._unit(fn, args, write=True))
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return await self.write(lambda c: c.execute(sql, params).rowcount)
+        return (await self._write_alone(sql, params)).rowcount
 
     async def insert(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return await self.write(lambda c: int(c.execute(sql, params).lastrowid or 0))
+        return int((await self._write_alone(sql, params)).lastrowid or 0)
+
+    async def _write_alone(self, sql: str, params: Sequence[Any]) -> Cursor:
+        """A one-statement write unit (see ``Connection.write_alone``); inside ``transaction()``
+        it joins that transaction."""
+        conn = self._tx_of_task()
+        if conn is not None:
+            return await self._hop(lambda: conn.execute(sql, params))
+        return await self._hop(lambda: self._unit(lambda c: c.write_alone(sql, params), (), None))
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         rows = list(rows)
@@ -458,7 +617,7 @@ class PgDatabase:
         raw = await self._hop(cm.__enter__)
         conn = Connection(raw)
         try:
-            await self._hop(lambda: raw.execute(_BEGIN_WRITE))
+            await self._hop(lambda: _simple(raw, _BEGIN_WRITE))
             task = asyncio.current_task()
             self._tx[task] = conn
             try:
@@ -467,12 +626,12 @@ class PgDatabase:
                 self._tx.pop(task, None)
         except BaseException:
             with contextlib.suppress(Exception):
-                await self._hop(lambda: raw.execute("ROLLBACK"))
+                await self._hop(lambda: _simple(raw, b"ROLLBACK"))
             await self._hop(lambda: cm.__exit__(None, None, None))
             raise
         else:
             try:
-                await self._hop(lambda: raw.execute("COMMIT"))
+                await self._hop(lambda: _simple(raw, b"COMMIT"))
             finally:
                 await self._hop(lambda: cm.__exit__(None, None, None))
 
