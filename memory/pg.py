@@ -45,9 +45,9 @@ DEFAULT_POOL = 8
 # Connections are in autocommit mode and transactions are begun by hand, so that BEGIN and the
 # write lock go in one round trip (psycopg's implicit BEGIN would be a round trip of its own),
 # and a one-statement read is one round trip with no transaction around it.
-_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})".encode()
-_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-_LOCKED_PREFIX = f"SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()
+_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()
+_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+_LOCK = f"SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()
 
 
 # -- rows: sqlite3.Row's shape (by index and by name, dict(row)) ---------------------------
@@ -275,14 +275,19 @@ class Connection:
     objects), which was most of this backend's CPU per message (bench/README.md §11)."""
     dialect = "postgres"
 
-    def __init__(self, raw: psycopg.Connection) -> None:
+    def __init__(self, raw: psycopg.Connection, begin: bytes | None = None) -> None:
         self.raw = raw
+        # The unit's BEGIN (and write lock), sent with its first statement (see ``_bound``)
+        self.begin = begin
         wire = getattr(raw, "_ethan_wire", None)
         if wire is None:
             wire = raw._ethan_wire = _Wire(raw)   # type: ignore[attr-defined]
         self._wire = wire
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        if self.begin is not None:
+            begin, self.begin = self.begin, None
+            return self._bound(begin, sql, params)
         query, returns_id = _native(sql)
         wire = self._wire
         tx = wire.tx
@@ -336,14 +341,21 @@ class Connection:
     def write_alone(self, sql: str, params: Sequence[Any]) -> Cursor:
         """One statement as a whole write transaction, in one round trip: the write lock and
         the statement go as one simple-protocol message, which PostgreSQL runs as one implicit
-        transaction (the lock is held until it commits). The lock is so held only for the
-        server's own time — never across a reply waiting for this process's interpreter lock,
-        which under load is most of a write unit's time (bench/README.md §11). Parameters are
-        bound client-side, as psycopg's ClientCursor binds them (``Transformer.as_literal``)."""
+        transaction (the lock is held until it commits). So the lock is held only for the
+        server's own time — never across a reply waiting in this process for the interpreter
+        lock, which under load was most of a write unit's time (bench/README.md §11)."""
+        return self._bound(_LOCK, sql, params)
+
+    def _bound(self, prefix: bytes, sql: str, params: Sequence[Any]) -> Cursor:
+        """``prefix; sql`` as one simple-protocol message (one round trip), the parameters bound
+        client-side as psycopg's ClientCursor binds them (``Transformer.as_literal``). A unit's
+        BEGIN and write lock go this way with its first statement: one round trip fewer per unit,
+        and one reply fewer waited for while the write lock is held. The price is that this one
+        statement is parsed and planned each time instead of prepared."""
         template, returns_id = _client_template(sql)
         tx = self._wire.tx
-        query = _LOCKED_PREFIX + (template % tuple(b"NULL" if p is None else tx.as_literal(p) for p in params)
-                                  if params else template.replace(b"%%", b"%"))
+        query = prefix + (template % tuple(b"NULL" if p is None else tx.as_literal(p) for p in params)
+                          if params else template.replace(b"%%", b"%"))
         pgconn = self.raw.pgconn
         res = pgconn.exec_(query)
         status = res.status
@@ -363,6 +375,9 @@ class Connection:
         return Cursor([], -1 if tuples is None else tuples, None)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        if self.begin is not None:
+            begin, self.begin = self.begin, None
+            _simple(self.raw, begin)
         q, _ = translate(sql)
         if q.endswith(" RETURNING id") and _:
             q = q[: -len(" RETURNING id")]
@@ -528,17 +543,20 @@ class PgDatabase:
         (its own snapshot already, no transaction needed)."""
         assert self._pool is not None
         with self._pool.connection() as raw:
-            conn = Connection(raw)
             if write is None:
-                return fn(conn, *args)
-            _simple(raw, _BEGIN_WRITE if write else _BEGIN_READ)
+                return fn(Connection(raw), *args)
+            # BEGIN (and the write lock) go with the unit's first statement; a unit that ran
+            # none has begun nothing and has nothing to commit.
+            conn = Connection(raw, _BEGIN_WRITE if write else _BEGIN_READ)
             try:
                 result = fn(conn, *args)
             except BaseException:
-                with contextlib.suppress(Exception):
-                    _simple(raw, b"ROLLBACK")
+                if conn.begin is None:
+                    with contextlib.suppress(Exception):
+                        _simple(raw, b"ROLLBACK")
                 raise
-            _simple(raw, b"COMMIT")
+            if conn.begin is None:
+                _simple(raw, b"COMMIT")
             return result
 
     def _migrate(self) -> None:
@@ -617,7 +635,7 @@ class PgDatabase:
         raw = await self._hop(cm.__enter__)
         conn = Connection(raw)
         try:
-            await self._hop(lambda: _simple(raw, _BEGIN_WRITE))
+            await self._hop(lambda: _simple(raw, _BEGIN_WRITE.rstrip(b"; ")))
             task = asyncio.current_task()
             self._tx[task] = conn
             try:
