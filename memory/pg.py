@@ -12,10 +12,17 @@ differ (placeholders, ``INSERT OR IGNORE``, ``instr``, negative ``substr``, ``LI
 rule, ids of inserted rows) once per distinct statement. What cannot be rewritten mechanically
 (search) asks ``conn.dialect`` and has a branch per engine in its store.
 
-Guarantees: a write unit is one transaction that first takes a transaction-scoped advisory
-lock (``WRITE_LOCK``), so writers are serialised across every replica exactly as SQLite's
-``BEGIN IMMEDIATE`` serialises them across processes; read units run concurrently, each in
-one REPEATABLE READ snapshot (SQLite's read transaction).
+Guarantees: a write unit is one transaction that takes a transaction-scoped advisory lock
+(``WRITE_LOCK``) before its first statement runs, so writers are serialised across every
+replica exactly as SQLite's ``BEGIN IMMEDIATE`` serialises them across processes; read units
+run concurrently, each in one REPEATABLE READ snapshot (SQLite's read transaction).
+
+The wire (what bench/README.md §11 measured): statements go to libpq directly, adapted by
+psycopg's own Transformer, prepared per connection from their second use; a unit's BEGIN (and
+write lock) travel in one message with its first statement, so a unit of n statements is n + 1
+round trips (its COMMIT the last) and a one-statement write or read is one. The write lock is
+taken in that same message — still before the statement — so the guarantee above is unchanged;
+what changed is only that fewer replies are waited for while it is held.
 """
 
 from __future__ import annotations
@@ -43,8 +50,8 @@ WRITE_LOCK = 0x45746861      # "Etha": the advisory lock every write transaction
 MIGRATE_LOCK = 0x45746862    # concurrent `ethan serve` starts migrate one at a time
 DEFAULT_POOL = 8
 # Connections are in autocommit mode and transactions are begun by hand, so that BEGIN and the
-# write lock go in one round trip (psycopg's implicit BEGIN would be a round trip of its own),
-# and a one-statement read is one round trip with no transaction around it.
+# write lock go in the message of the unit's first statement (psycopg's implicit BEGIN would be
+# a round trip of its own), and a one-statement read is one round trip with no transaction.
 _BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
 _LOCK = f"SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()

@@ -1,0 +1,98 @@
+"""memory/pg.py's own wire path on a real throwaway PostgreSQL (tests/pg_cluster.py): the write
+lock held from a unit's first statement to its commit, rollback and reuse of a connection after a
+failed first statement, client-side binding of one-statement writes, prepared statements."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from memory.db import IntegrityError, database
+from memory.pg import WRITE_LOCK
+
+
+@pytest.fixture
+def backend() -> str:
+    return "postgres"
+
+
+@pytest.fixture
+async def one(db_target):
+    """A database with one pooled connection, so every unit reuses the same session."""
+    d = await database(db_target, pool_size=1).open()
+    try:
+        await d.execute("CREATE TABLE wire (k TEXT PRIMARY KEY, n BIGINT, f DOUBLE PRECISION)")
+        yield d
+    finally:
+        await d.close()
+
+
+def _lock_is_free(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as other:
+        free = other.execute(f"SELECT pg_try_advisory_lock({WRITE_LOCK})").fetchone()[0]
+        if free:
+            other.execute(f"SELECT pg_advisory_unlock({WRITE_LOCK})")
+        return free
+
+
+async def test_a_write_unit_holds_the_write_lock_from_its_first_statement_to_its_commit(one):
+    seen = {}
+
+    def unit(conn):
+        conn.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("a", 1))      # BEGIN + lock go with it
+        seen["during"] = _lock_is_free(one.url)
+        conn.execute("UPDATE wire SET n = n + 1 WHERE k = ?", ("a",))
+        return conn.execute("SELECT n FROM wire WHERE k = ?", ("a",)).fetchone()["n"]
+
+    assert await one.write(unit) == 2
+    assert seen["during"] is False
+    assert _lock_is_free(one.url)
+    # the unit committed as one: another connection sees its end state
+    with psycopg.connect(one.url, autocommit=True) as other:
+        assert other.execute("SELECT n FROM wire WHERE k = 'a'").fetchone()[0] == 2
+
+
+async def test_a_failed_first_statement_rolls_back_and_the_connection_is_reused(one):
+    await one.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("dup", 1))
+
+    def unit(conn):
+        conn.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("dup", 2))
+        conn.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("never", 3))
+
+    with pytest.raises(IntegrityError):
+        await one.write(unit)
+    # same (only) connection: no aborted transaction left on it, the lock released
+    assert _lock_is_free(one.url)
+    assert await one.execute("UPDATE wire SET n = ? WHERE k = ?", (5, "dup")) == 1
+    rows = await one.fetchall("SELECT k, n FROM wire ORDER BY k")
+    assert [(r["k"], r["n"]) for r in rows] == [("dup", 5)]
+
+
+@pytest.mark.parametrize("text", ["it's", "back\\slash", "100% sure?", "'; DROP TABLE wire; --",
+                                  "中文 and emoji 🙂", "", "$1 $$ ::text"])
+async def test_one_statement_writes_bind_any_text_literally(one, text):
+    # execute() is one locked implicit transaction with client-side bound parameters
+    assert await one.execute("INSERT INTO wire(k, n, f) VALUES (?, ?, ?)", (text, 2**40, 0.1)) == 1
+    assert await one.execute("UPDATE wire SET f = ? WHERE k = ? AND n = ?", (None, text, 2**40)) == 1
+    row = await one.fetchone("SELECT k, n, f FROM wire WHERE k = ?", (text,))
+    assert (row["k"], row["n"], row["f"]) == (text, 2**40, None)
+
+
+async def test_one_statement_writes_raise_the_ports_integrity_error(one):
+    await one.execute("INSERT INTO wire(k) VALUES (?)", ("x",))
+    with pytest.raises(IntegrityError):
+        await one.execute("INSERT INTO wire(k) VALUES (?)", ("x",))
+    assert await one.execute("INSERT OR IGNORE INTO wire(k) VALUES (?)", ("x",)) == 0
+    assert _lock_is_free(one.url)
+
+
+async def test_a_prepared_statement_keeps_answering_right_for_other_parameter_types(one):
+    # from its second use a statement is prepared, per parameter types (None, small, big int)
+    for i, n in enumerate([None, 1, None, 7, 2**40, 3, None]):
+        await one.execute("INSERT INTO wire(k, n) VALUES (?, ?)", (f"k{i}", n))
+    for _ in range(3):
+        for n, want in [(1, ["k1"]), (7, ["k3"]), (2**40, ["k4"])]:
+            rows = await one.fetchall("SELECT k FROM wire WHERE n = ? ORDER BY k", (n,))
+            assert [r["k"] for r in rows] == want
+        rows = await one.fetchall("SELECT k FROM wire WHERE n IS NULL ORDER BY k")
+        assert [r[0] for r in rows] == ["k0", "k2", "k6"]
