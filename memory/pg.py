@@ -247,7 +247,7 @@ class _Wire:
         self.prepared: dict[tuple, tuple[bytes, dict[str, int] | None]] = {}
         self.seen: dict[tuple, int] = {}
         self.names = 0
-        self.encoding = raw.pgconn._encoding
+        self.encoding = raw.info.encoding
 
 
 def _raise_for(pgconn: pq.abc.PGconn, res, encoding: str):
@@ -269,7 +269,7 @@ def _simple(raw: psycopg.Connection, command: bytes) -> None:
     pgconn = raw.pgconn
     res = pgconn.exec_(command)
     if res.status not in _OK:
-        _raise_for(pgconn, res, pgconn._encoding)
+        _raise_for(pgconn, res, raw.info.encoding)
 
 
 class Connection:
