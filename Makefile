@@ -18,8 +18,10 @@ run: $(STAMP)
 	$(BIN)/ethan serve
 
 # The whole suite: the store contract suites run on SQLite and on PostgreSQL (a throwaway
-# cluster the suite starts itself). `pytest --backend=postgres tests/e2e tests/bot` runs the apps
-# on PostgreSQL too; not in `make test` until episode search is ported (docs/operations.md).
+# cluster the suite starts itself), and so do the app-level tests marked `app_backends`
+# (agent, memory layers, context window, Lark rich events, chat rules, providers, commands,
+# console and chat API: every store path through the app). `pytest --backend=postgres tests/e2e
+# tests/bot` runs every app on PostgreSQL only.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 

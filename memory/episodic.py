@@ -27,6 +27,9 @@ frequency kept), under FTS5 ``episodes_fts``. ``episode_chunks``: what the users
 session, ``CHUNK_LINES`` lines per chunk overlapping by one, each with its terms under
 ``episode_chunks_fts``. Only user lines (an assistant answer restates memory injected from
 other sessions). ``started_at`` / ``ended_at``: the session's first and last message.
+PostgreSQL: GIN indexes over ``term_array`` (``terms`` split, a stored column) of both tables, and
+``episode_index_stats`` (schema v9) for BM25's row count and term total; ``_bm25_rows``
+computes FTS5's bm25() there, so both engines give the same rankings (docs/memory.md).
 
 Search
 ------
@@ -75,7 +78,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from memory.db import Database
+from memory.db import Database, dialect_of
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
 
 log = logging.getLogger(__name__)
@@ -465,36 +468,109 @@ def _fts_query(terms: Iterable[str]) -> str:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-def _ranked(conn: Any, where: list[str], params: list[Any], terms: list[str], limit: int,
-            method: str) -> list[tuple[Episode, int | None]]:
-    """Run by Database.read: the best ``limit`` episodes for ``terms`` by ``method``, each with
-    its best-matching chunk id (None when the turns did not take part)."""
+# BM25 as FTS5's bm25() computes it (fts5_aux.c), for PostgreSQL's branch: k1 = 1.2, b = 0.75.
+BM25_K1 = 1.2
+BM25_B = 0.75
+BM25_IDF_FLOOR = 1e-6      # FTS5: a term in more than half the rows gets this idf, not a negative one
+
+# One statement per ranking on PostgreSQL. Term sets as arrays: ``term_array`` (the terms split
+# at write time, schema v9) carries the GIN indexes (&& finds the rows holding any query term,
+# @> counts one term's rows). The arithmetic is FTS5's, operation
+# for operation in float8 (its C code's order of evaluation, the phrases summed in query order),
+# so the scores are the same numbers and the ranking the same order:
+#   idf(t)  = ln((N - n(t) + 0.5) / (n(t) + 0.5)), at least BM25_IDF_FLOOR
+#   score   = Σ idf(t) · tf·(k1 + 1) / (tf + k1·(1 − b + b·|D| / avgdl))
+# N, avgdl and n(t) over the whole table (every user's rows), as FTS5 counts them: N and the
+# token total from episode_index_stats (schema v9), n(t) from the GIN index.
+_PG_BM25 = """
+WITH st AS (SELECT n_rows::float8 AS n_rows, n_tokens::float8 / GREATEST(n_rows, 1)::float8 AS avgdl
+              FROM episode_index_stats WHERE name = '{table}'),
+q(term, ord, n) AS (VALUES {counts}),
+idf AS (
+    SELECT q.term, q.ord, CASE WHEN x.v <= 0 THEN ?::float8 ELSE x.v END AS idf
+      FROM q CROSS JOIN st
+      CROSS JOIN LATERAL (SELECT ln((st.n_rows - q.n + 0.5::float8) / (q.n + 0.5::float8)) AS v) x),
+hit AS ({hits})
+SELECT {cols}, SUM(idf.idf * ((f.tf * (?::float8 + 1.0::float8))
+                              / (f.tf + ?::float8 * (1.0::float8 - ?::float8
+                                                     + ?::float8 * cardinality(h.arr)::float8 / st.avgdl)))
+                   ORDER BY idf.ord) AS score
+  FROM hit h CROSS JOIN st CROSS JOIN idf
+  CROSS JOIN LATERAL (SELECT cardinality(array_positions(h.arr, idf.term))::float8 AS tf) f
+ WHERE f.tf > 0
+ GROUP BY {cols}, h.timestamp
+ ORDER BY score DESC, h.timestamp DESC, {order} LIMIT ?
+"""
+# n(t), one scalar subquery per term with the term as a constant: the planner then estimates
+# each from the GIN index's element statistics and counts its rows by a bitmap scan of that
+# index (a term joined in from unnest() hid the value and got a sequential scan of the table).
+_PG_COUNT = ("(?::text, {ord}, (SELECT COUNT(*) FROM {table} r WHERE r.term_array @> ARRAY[?::text])::float8)")
+_PG_SUMMARY_HITS = ("SELECT e.id AS id, e.timestamp AS timestamp, e.term_array AS arr"
+                    " FROM episodes e WHERE e.term_array && ?::text[] AND {cond}")
+_PG_CHUNK_HITS = ("SELECT c.id AS cid, c.episode_id AS id, e.timestamp AS timestamp, c.term_array AS arr"
+                  " FROM episode_chunks c JOIN episodes e ON e.id = c.episode_id"
+                  " WHERE c.term_array && ?::text[] AND {cond}")
+
+
+def pg_bm25_query(table: str, cond: str, params: list[Any], terms: list[str],
+                  depth: int) -> tuple[str, list[Any]]:
+    """PostgreSQL's BM25 ranking of ``table`` (SQL and parameters; ``_bm25_rows`` runs it)."""
+    chunks = table == "episode_chunks"
+    sql = _PG_BM25.format(
+        table=table, counts=", ".join(_PG_COUNT.format(ord=i, table=table) for i in range(len(terms))),
+        hits=(_PG_CHUNK_HITS if chunks else _PG_SUMMARY_HITS).format(cond=cond),
+        cols="h.cid, h.id" if chunks else "h.id", order="h.id DESC, h.cid" if chunks else "h.id DESC")
+    args: list[Any] = [v for t in terms for v in (t, t)]
+    args += [BM25_IDF_FLOOR, list(terms), *params, BM25_K1, BM25_K1, BM25_B, BM25_B, depth]
+    return sql, args
+
+
+def _bm25_rows(conn: Any, table: str, cond: str, params: list[Any], terms: list[str],
+               depth: int) -> list[Any]:
+    """(id, cid, score) of the best ``depth`` rows of ``table`` for ``terms``, best first
+    (cid: the chunk's id, None for summaries), filtered by ``cond`` (owner, visibility) in SQL —
+    FTS5's bm25() on SQLite, the same BM25 in one indexed statement on PostgreSQL. Ties: newer
+    episode first, then by id."""
+    chunks = table == "episode_chunks"
+    if dialect_of(conn) == "postgres":
+        sql, args = pg_bm25_query(table, cond, params, terms, depth)
+        rows = conn.execute(sql, args).fetchall()
+        return [(r["id"], r["cid"] if chunks else None, float(r["score"])) for r in rows]
     match = _fts_query(terms)
-    cond = " AND ".join(where)
-    summary_rank: dict[int, int] = {}
-    summary_score: dict[int, float] = {}
-    if method in ("rrf", "bm25"):
-        rows = conn.execute(
-            "SELECT e.id AS id, bm25(episodes_fts) AS rank FROM episodes_fts JOIN episodes e"
-            f" ON e.id = episodes_fts.rowid WHERE episodes_fts MATCH ? AND {cond}"
-            " ORDER BY rank, e.timestamp DESC LIMIT ?", (match, *params, RANK_DEPTH)).fetchall()
-        for i, r in enumerate(rows):
-            summary_rank[r["id"]] = i
-            summary_score[r["id"]] = -float(r["rank"])
-    turns_rank: dict[int, int] = {}
-    turns_score: dict[int, float] = {}
-    best_chunk: dict[int, int] = {}
-    if method in ("rrf", "turns"):
+    if chunks:
         rows = conn.execute(
             "SELECT c.id AS cid, c.episode_id AS id, bm25(episode_chunks_fts) AS rank"
             " FROM episode_chunks_fts JOIN episode_chunks c ON c.id = episode_chunks_fts.rowid"
             f" JOIN episodes e ON e.id = c.episode_id WHERE episode_chunks_fts MATCH ? AND {cond}"
-            " ORDER BY rank, e.timestamp DESC LIMIT ?", (match, *params, RANK_DEPTH * 4)).fetchall()
-        for r in rows:
-            if r["id"] not in best_chunk:
-                best_chunk[r["id"]] = r["cid"]
-                turns_rank[r["id"]] = len(turns_rank)
-                turns_score[r["id"]] = -float(r["rank"])
+            " ORDER BY rank, e.timestamp DESC, e.id DESC, c.id LIMIT ?", (match, *params, depth)).fetchall()
+        return [(r["id"], r["cid"], -float(r["rank"])) for r in rows]
+    rows = conn.execute(
+        "SELECT e.id AS id, bm25(episodes_fts) AS rank FROM episodes_fts JOIN episodes e"
+        f" ON e.id = episodes_fts.rowid WHERE episodes_fts MATCH ? AND {cond}"
+        " ORDER BY rank, e.timestamp DESC, e.id DESC LIMIT ?", (match, *params, depth)).fetchall()
+    return [(r["id"], None, -float(r["rank"])) for r in rows]
+
+
+def _ranked(conn: Any, where: list[str], params: list[Any], terms: list[str], limit: int,
+            method: str) -> list[tuple[Episode, int | None]]:
+    """Run by Database.read: the best ``limit`` episodes for ``terms`` by ``method``, each with
+    its best-matching chunk id (None when the turns did not take part)."""
+    cond = " AND ".join(where)
+    summary_rank: dict[int, int] = {}
+    summary_score: dict[int, float] = {}
+    if method in ("rrf", "bm25"):
+        for i, (eid, _, score) in enumerate(_bm25_rows(conn, "episodes", cond, params, terms, RANK_DEPTH)):
+            summary_rank[eid] = i
+            summary_score[eid] = score
+    turns_rank: dict[int, int] = {}
+    turns_score: dict[int, float] = {}
+    best_chunk: dict[int, int] = {}
+    if method in ("rrf", "turns"):
+        for eid, cid, score in _bm25_rows(conn, "episode_chunks", cond, params, terms, RANK_DEPTH * 4):
+            if eid not in best_chunk:
+                best_chunk[eid] = cid
+                turns_rank[eid] = len(turns_rank)
+                turns_score[eid] = score
     if method == "bm25":
         fused = summary_score
     elif method == "turns":
@@ -515,6 +591,33 @@ def _ranked(conn: Any, where: list[str], params: list[Any], terms: list[str], li
     return [(_row(by_id[eid], score=fused[eid]), best_chunk.get(eid)) for eid in top if eid in by_id]
 
 
+def _word_dfs(conn: Any, user_id: str, words: list[str]) -> dict[str, int]:
+    """df(t) for recall's weights: how many of the user's episodes hold t in their summary or
+    in one of their chunks (an exact term, as the FTS5 phrase "t" matches it)."""
+    if dialect_of(conn) == "postgres":
+        # one statement for every word, each a constant so the planner sees it; the user's own
+        # episodes first (their index), then their chunks by episode id — not every user's
+        # chunks holding a common word, as SQLite's FTS5 doclist gives them cheaply
+        one = ("(SELECT COUNT(*) FROM episodes e WHERE e.user_id = ? AND (e.term_array @> ARRAY[?::text]"
+               " OR EXISTS (SELECT 1 FROM episode_chunks c WHERE c.episode_id = e.id"
+               "  AND c.term_array @> ARRAY[?::text]))) AS df{i}")
+        row = conn.execute("SELECT " + ", ".join(one.format(i=i) for i in range(len(words))),
+                           [v for w in words for v in (user_id, w, w)]).fetchone()
+        return {w: int(row[i]) for i, w in enumerate(words)}
+    out: dict[str, int] = {}
+    for w in words:
+        q = _fts_query([w])
+        row = conn.execute(
+            "SELECT COUNT(*) AS df FROM episodes e WHERE e.user_id = ? AND ("
+            " e.id IN (SELECT rowid FROM episodes_fts WHERE episodes_fts MATCH ?) OR"
+            " e.id IN (SELECT c.episode_id FROM episode_chunks c WHERE c.id IN"
+            "  (SELECT rowid FROM episode_chunks_fts WHERE episode_chunks_fts MATCH ?)))",
+            (user_id, q, q),
+        ).fetchone()
+        out[w] = int(row["df"])
+    return out
+
+
 def _recall_reads(conn: Any, where: list[str], params: list[Any], terms: list[str], user_id: str,
                   words: list[str]) -> tuple[list[Episode], dict[str, float], dict[int, list[tuple[str, set[str]]]]]:
     """Run by Database.read: the fused candidates; when there are any, the word weights
@@ -525,17 +628,8 @@ def _recall_reads(conn: Any, where: list[str], params: list[Any], terms: list[st
     if not candidates:
         return [], {}, {}
     n = int(conn.execute("SELECT COUNT(*) AS n FROM episodes WHERE user_id = ?", (user_id,)).fetchone()["n"])
-    weights: dict[str, float] = {}
-    for w in words:
-        q = _fts_query([w])
-        row = conn.execute(
-            "SELECT COUNT(*) AS df FROM episodes e WHERE e.user_id = ? AND ("
-            " e.id IN (SELECT rowid FROM episodes_fts WHERE episodes_fts MATCH ?) OR"
-            " e.id IN (SELECT c.episode_id FROM episode_chunks c WHERE c.id IN"
-            "  (SELECT rowid FROM episode_chunks_fts WHERE episode_chunks_fts MATCH ?)))",
-            (user_id, q, q),
-        ).fetchone()
-        weights[w] = math.log(1 + n / (1 + int(row["df"])))
+    dfs = _word_dfs(conn, user_id, words)
+    weights: dict[str, float] = {w: math.log(1 + n / (1 + dfs.get(w, 0))) for w in words}
     weights[_N_KEY] = float(n)
     ids = [ep.id for ep in candidates]
     marks = ", ".join("?" * len(ids))

@@ -105,6 +105,9 @@ async def _optimize(tx: Any, index: str) -> None:
         await _run(tx, f"INSERT INTO {index}({index}) VALUES ('optimize')")
 
 
+optimize_index = _optimize   # withdraw.py's index upkeep is the same
+
+
 def _scrub_payload(payload: str, uid: str) -> str:
     """Another user's event that mentions ``uid``: that mention loses every id and the name
     (it renders as "@someone"); anything else naming the open_id is blanked."""

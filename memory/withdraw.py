@@ -25,10 +25,12 @@ Plain SQL in one BEGIN IMMEDIATE: all or nothing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from memory.db import Database
+from memory.erase import optimize_index
 
 
 @dataclass
@@ -60,9 +62,10 @@ async def _rows(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
 async def cancel_pending(db: Database, message_id: str) -> int:
     """Mark the message's inbox row ignored while it is still pending (its answer is not sent).
     Called at intake, before the recall waits in a mailbox behind the message itself."""
+    # the time from here, not the engine's clock function (SQLite's strftime has no PostgreSQL twin)
     return await db.execute(
-        "UPDATE inbox SET status = 'ignored', note = 'recalled', done_at = strftime('%s','now')"
-        " WHERE dedup_key = ? AND status = 'pending'", (f"msg:{message_id}",))
+        "UPDATE inbox SET status = 'ignored', note = 'recalled', done_at = ?"
+        " WHERE dedup_key = ? AND status = 'pending'", (time.time(), f"msg:{message_id}"))
 
 
 async def withdraw_message(db: Database, message_id: str) -> Withdrawn:
@@ -106,7 +109,8 @@ async def withdraw_message(db: Database, message_id: str) -> Withdrawn:
         c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE message_id = ?", (message_id,))
         c["episodes"] = await _run(
             tx, "DELETE FROM episodes WHERE session_id = ? AND timestamp >= ?", (sid, written))
-        await _run(tx, "INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+        await optimize_index(tx, "messages_fts")
         if c["episodes"]:
-            await _run(tx, "INSERT INTO episodes_fts(episodes_fts) VALUES ('optimize')")
+            await optimize_index(tx, "episodes_fts")
+            await optimize_index(tx, "episode_chunks_fts")
     return out

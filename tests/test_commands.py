@@ -19,15 +19,18 @@ from memory.scope import Scope
 from tests.fakes.lark_events import mention
 from tests.harness import Harness
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.app_backends]
 
 ADMIN, ALICE, BOB = "ou_admin", "ou_alice", "ou_bob"
 ALICE_P2P, BOB_P2P, ADMIN_P2P = "oc_p2p_alice", "oc_p2p_bob", "oc_p2p_admin"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def harness(tmp_path_factory):
-    async with Harness(tmp_path_factory.mktemp("commands"), ethan_admins=[ADMIN]) as h:
+async def harness(tmp_path_factory, module_database_url):
+    # one app for the module, on its own database: a per-test PostgreSQL database would be
+    # swapped under it at the next test (and a restart would open another one)
+    async with Harness(tmp_path_factory.mktemp("commands"), ethan_admins=[ADMIN],
+                       ethan_database_url=module_database_url) as h:
         h.model.on_tool("write_summary", {"summary": "聊了吉他课和练习计划 guitar practice plan"},
                         keys={"summary"})
         yield h

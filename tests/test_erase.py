@@ -165,7 +165,6 @@ async def test_erase_leaves_nothing_of_the_user_anywhere(world):
     assert await counts(db, BOB) == bob_before
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])   # episode search: not yet on PostgreSQL
 async def test_erase_removes_her_words_and_the_replies_to_them(world):
     db = world.db
     await erase_user(db, ALICE)

@@ -170,7 +170,6 @@ async def test_export_is_deterministic_and_an_unknown_user_exports_empty_files(f
 
 # -- round trip ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["sqlite"])   # episode search: not yet on PostgreSQL
 async def test_round_trip_through_a_fresh_database_is_lossless(filled, fresh, tmp_path):
     first, second = tmp_path / "one", tmp_path / "two"
     await export_user(filled, ALICE, first)
@@ -322,7 +321,6 @@ async def test_an_empty_or_missing_directory_is_refused(tmp_path, fresh):
         read_bundle(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])   # episode search: not yet on PostgreSQL
 async def test_hand_written_spec_files_import_with_defaults(fresh, tmp_path):
     """Files with only the spec's fields (no refs, no provenance, no manifest) import."""
     d = tmp_path / "spec"
@@ -357,7 +355,6 @@ async def test_export_overwrites_an_earlier_export_in_place(filled, tmp_path):
     shutil.rmtree(out)
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])   # episode search: not yet on PostgreSQL
 async def test_episodes_carry_their_turns_and_dates_and_long_text_is_accepted(filled, fresh, tmp_path):
     out = tmp_path / "turns"
     await export_user(filled, ALICE, out)

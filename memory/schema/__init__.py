@@ -18,4 +18,5 @@ MIGRATIONS: list[str] = [
     core.V6,       # chats_left: chats the bot was removed from survive a restart
     core.V7,       # replicas: inbox row owner + lease, conversation leases, consolidation claims
     profile.V8,    # profile_sources: which sessions taught each profile entry
+    episodic.V9,   # PostgreSQL's BM25 statistics (term_array, episode_index_stats); a no-op on SQLite
 ]

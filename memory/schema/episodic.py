@@ -61,3 +61,9 @@ CREATE TRIGGER episode_chunks_ad AFTER DELETE ON episode_chunks BEGIN
     INSERT INTO episode_chunks_fts(episode_chunks_fts, rowid, terms) VALUES ('delete', old.id, old.terms);
 END;
 """
+
+# Version 9 is PostgreSQL's (the row count and token total its BM25 reads; FTS5 keeps both in
+# its own structure record): nothing to do here, the version numbers stay the same on both.
+V9 = """
+SELECT 1;
+"""

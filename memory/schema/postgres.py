@@ -265,8 +265,7 @@ ALTER TABLE outbox ADD COLUMN card_id TEXT;
 CREATE INDEX outbox_created ON outbox(created_at);
 """
 
-# Version 4 (recall's episode chunks and fact sources). The chunks' search index (FTS5 on
-# SQLite) has no PostgreSQL query yet: episode search is not ported (docs/operations.md).
+# Version 4 (recall's episode chunks and fact sources; the chunks' search words under GIN).
 V4 = """
 ALTER TABLE episodes ADD COLUMN started_at DOUBLE PRECISION;
 ALTER TABLE episodes ADD COLUMN ended_at DOUBLE PRECISION;
@@ -341,4 +340,73 @@ CREATE TABLE profile_sources (
 CREATE INDEX profile_sources_session ON profile_sources(session_id);
 """
 
-PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8]
+# Version 9: episode search on PostgreSQL (FTS5's BM25, memory/episodic.py).
+# - term_array: the terms split once, at write time. The GIN indexes of V1/V4 were over the
+#   expression regexp_split_to_array(terms, ' '); a query the planner answers by a scan (a
+#   common word) or a heap row BM25 reads then re-split every row, which measured ~1 s for a
+#   common word over 20k episodes / 100k chunks. A stored array costs nothing to read.
+# - episode_index_stats: what BM25 needs besides the matching rows. FTS5 keeps each table's row
+#   count and token total in its own structure record (O(1) to read); PostgreSQL reads the same
+#   two numbers from this table, kept by statement-level triggers (one UPDATE per statement,
+#   however many rows it touched), instead of counting the table on each search. A row's token
+#   count is its number of space-separated terms (what FTS5's unicode61 counts for our terms).
+V9 = """
+ALTER TABLE episodes ADD COLUMN term_array TEXT[] GENERATED ALWAYS AS (regexp_split_to_array(terms, ' ')) STORED;
+ALTER TABLE episode_chunks ADD COLUMN term_array TEXT[] GENERATED ALWAYS AS (regexp_split_to_array(terms, ' ')) STORED;
+DROP INDEX episodes_terms;
+DROP INDEX episode_chunks_terms;
+CREATE INDEX episodes_terms ON episodes USING gin (term_array);
+CREATE INDEX episode_chunks_terms ON episode_chunks USING gin (term_array);
+CREATE FUNCTION term_count(terms text) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN terms = '' THEN 0 ELSE cardinality(regexp_split_to_array(terms, ' ')) END $$;
+CREATE TABLE episode_index_stats (
+    name        TEXT PRIMARY KEY CHECK (name IN ('episodes', 'episode_chunks')),
+    n_rows      BIGINT NOT NULL,
+    n_tokens    BIGINT NOT NULL
+);
+INSERT INTO episode_index_stats(name, n_rows, n_tokens)
+    SELECT 'episodes', COUNT(*), COALESCE(SUM(term_count(terms)), 0) FROM episodes;
+INSERT INTO episode_index_stats(name, n_rows, n_tokens)
+    SELECT 'episode_chunks', COUNT(*), COALESCE(SUM(term_count(terms)), 0) FROM episode_chunks;
+
+CREATE FUNCTION episode_index_stats_ins() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE episode_index_stats s SET n_rows = s.n_rows + d.n, n_tokens = s.n_tokens + d.t
+      FROM (SELECT COUNT(*) AS n, COALESCE(SUM(term_count(terms)), 0) AS t FROM new_rows) d
+     WHERE s.name = TG_TABLE_NAME;
+    RETURN NULL;
+END $$;
+CREATE FUNCTION episode_index_stats_del() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE episode_index_stats s SET n_rows = s.n_rows - d.n, n_tokens = s.n_tokens - d.t
+      FROM (SELECT COUNT(*) AS n, COALESCE(SUM(term_count(terms)), 0) AS t FROM old_rows) d
+     WHERE s.name = TG_TABLE_NAME;
+    RETURN NULL;
+END $$;
+CREATE FUNCTION episode_index_stats_upd() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE episode_index_stats s SET n_tokens = s.n_tokens + d.t
+      FROM (SELECT COALESCE((SELECT SUM(term_count(terms)) FROM new_rows), 0)
+                 - COALESCE((SELECT SUM(term_count(terms)) FROM old_rows), 0) AS t) d
+     WHERE s.name = TG_TABLE_NAME;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER episodes_stats_ins AFTER INSERT ON episodes REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION episode_index_stats_ins();
+CREATE TRIGGER episodes_stats_del AFTER DELETE ON episodes REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION episode_index_stats_del();
+CREATE TRIGGER episodes_stats_upd AFTER UPDATE ON episodes REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION episode_index_stats_upd();
+CREATE TRIGGER episode_chunks_stats_ins AFTER INSERT ON episode_chunks REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION episode_index_stats_ins();
+CREATE TRIGGER episode_chunks_stats_del AFTER DELETE ON episode_chunks REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION episode_index_stats_del();
+CREATE TRIGGER episode_chunks_stats_upd AFTER UPDATE ON episode_chunks REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION episode_index_stats_upd();
+"""
+
+PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9]
+
+# Tables only PostgreSQL has: derived index statistics (what FTS5 keeps inside its own tables),
+# never copied nor exported — `ethan db copy`'s inserts keep them by the triggers.
+PG_ONLY_TABLES = frozenset({"episode_index_stats"})

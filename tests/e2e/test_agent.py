@@ -13,7 +13,7 @@ from tests.fakes.fake_anthropic import Error, Stall, Text, ToolUse, Turn
 from bot.agent.prompt import MemoryBlocks, build_system
 from tests.harness import Harness
 
-pytestmark = pytest.mark.usefixtures("model_provider")
+pytestmark = [pytest.mark.usefixtures("model_provider"), pytest.mark.app_backends]
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 BOB = dict(chat_id="oc_p2p_bob", sender="ou_bob")

@@ -5,9 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from tests.fakes.fake_anthropic import Text, last_user_text
 from tests.fakes.lark_events import load_fixture, make_text_event
 from tests.harness import Harness
+
+# the apps here run on SQLite and on PostgreSQL (tests/conftest.py)
+pytestmark = pytest.mark.app_backends
 
 
 async def _quiet(h, seconds: float = 0.3) -> None:

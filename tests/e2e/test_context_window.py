@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.fakes.fake_anthropic import Error, Text, default_responder, is_chat, user_texts
 from tests.harness import Harness
+
+# the apps here run on SQLite and on PostgreSQL (tests/conftest.py)
+pytestmark = pytest.mark.app_backends
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 CODE = "the launch code word is PELICAN"

@@ -8,7 +8,7 @@ from tests.fakes.fake_anthropic import Text, ToolUse, default_responder, is_chat
 from tests.harness import Harness
 
 # Every test here runs on each model adapter (Anthropic, OpenAI-compatible): same assertions.
-pytestmark = pytest.mark.usefixtures("model_provider")
+pytestmark = [pytest.mark.usefixtures("model_provider"), pytest.mark.app_backends]
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 

@@ -16,8 +16,12 @@ from memory.working import MemoryConfig
 from tests.e2e.test_metrics import healthz, scrape
 from tests.fakes.fake_anthropic import Error, FakeAnthropic, Stall, Text, ToolUse
 from tests.fakes.fake_openai import FakeOpenAI
+from tests import harness
 from tests.harness import Harness
 from tests.reliability.support import LogCapture
+
+# the apps here run on SQLite and on PostgreSQL (tests/conftest.py)
+pytestmark = pytest.mark.app_backends
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 SMALL = MemoryConfig(hot_size=2, compress_batch=2, warm_capacity=4)
@@ -235,6 +239,8 @@ async def test_tool_calls_stored_neutral_shown_and_a_resumed_session_replays_on_
     assert calls[1]["tool_use_id"] == calls[0]["id"] and not calls[1].get("is_error")
     # shown by `ethan session show`
     monkeypatch.setenv("ETHAN_HOME", str(tmp_path))
+    if harness.DATABASE_URL["url"]:    # the app ran on PostgreSQL: so does the CLI
+        monkeypatch.setenv("ETHAN_DATABASE_URL", harness.DATABASE_URL["url"])
     monkeypatch.chdir(tmp_path)
     config, root = structlog.get_config(), logging.getLogger()
     handlers, level = list(root.handlers), root.level

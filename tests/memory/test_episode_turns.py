@@ -111,8 +111,3 @@ async def test_deleting_a_session_deletes_its_episode_and_its_turns(store, db):
     row = await db.fetchone("SELECT COUNT(*) AS n FROM episode_chunks")
     assert row["n"] == 0
 
-
-@pytest.fixture
-def backend() -> str:
-    """Episode search (FTS5) is not yet ported to PostgreSQL: SQLite only until it is."""
-    return "sqlite"

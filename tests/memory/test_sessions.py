@@ -443,6 +443,24 @@ async def test_search_english_and_chinese(store, clock):
     assert await store.search("not there at all") == []
 
 
+async def test_search_two_character_chinese_and_english_phrases(store, clock):
+    """Issue 16: the same answers on both backends for a two-character Chinese word (under the
+    trigram index's three characters) and an English phrase (words in that order only)."""
+    a = (await store.append_user(A_P2P, "我们讨论一下迁移方案，还有 staging server 的配置")).session
+    await store.close_active("oc_pa")
+    clock.advance(60)
+    b = (await store.append_user(A_P2P, "server 和 staging 分开部署，数据迁移放到周末")).session
+    await store.close_active("oc_pa")
+    clock.advance(60)
+    await store.append_user(A_P2P, "完全无关的话题")
+    assert {h.session.id for h in await store.search("迁移")} == {a.id, b.id}
+    assert [h.session.id for h in await store.search("数据")] == [b.id]
+    assert [h.session.id for h in await store.search("staging server")] == [a.id]
+    assert [h.session.id for h in await store.search("Staging Server")] == [a.id]
+    assert [h.session.id for h in await store.search("server staging")] == []
+    assert [h.session.id for h in await store.search("server 和")] == [b.id]
+
+
 async def test_search_ranks_by_bm25_then_recency(store, clock):
     long_text = "今天的会议很长，" * 20 + "顺便提到了数据库迁移的事情，" + "然后继续讨论别的。" * 20
     loose = (await store.append_user(A_P2P, long_text)).session

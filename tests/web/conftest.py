@@ -19,6 +19,7 @@ import pytest
 
 from bot.app import EthanApp
 from bot.config import Settings
+from tests import harness
 
 CHROMIUM = os.environ.get("ETHAN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -32,6 +33,7 @@ def offline_settings(home: Path, **overrides: Any) -> Settings:
         lark_app_id="", lark_app_secret="", anthropic_api_key="", anthropic_base_url="",
         ethan_model="claude-sonnet-4-6", ethan_consolidation_model="", ethan_console_token="",
         ethan_admins=[], ethan_reply_deadline=10.0, ethan_shutdown_deadline=5.0,
+        ethan_database_url=harness.DATABASE_URL["url"],   # a PostgreSQL variant's database
     )
     values.update(overrides)
     return Settings(**values)

@@ -11,9 +11,14 @@ import json
 
 import aiohttp
 
+import pytest
+
 from bot.app import EthanApp
 from tests.harness import Harness
 from tests.web.conftest import offline_settings
+
+# the apps here run on SQLite and on PostgreSQL (tests/conftest.py)
+pytestmark = pytest.mark.app_backends
 
 TOKEN = "chat-test-token"
 
