@@ -314,7 +314,7 @@ async def forget_memory(db: Database, user_id: str) -> EraseResult:
         c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE user_id = ?", (uid,))
         c["consolidation_writes"] = await _run(
             tx, "DELETE FROM consolidation_writes WHERE user_id = ?", (uid,))
-        if c["episodes"] or c["episodes_redacted"] or c["episodes_dropped"]:
+        if c["episodes"]:    # /forget rebuilds no group episodes (no episodes_redacted/_dropped here)
             await _optimize(tx, "episodes_fts")
             await _optimize(tx, "episode_chunks_fts")
     return EraseResult(uid, c)
