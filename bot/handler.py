@@ -146,10 +146,15 @@ class MessageHandler:
         d = self.d
         bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id)
         if not await d.inbox.start(item.id):
-            # No longer pending: its message was recalled while it waited (the reply is not sent).
-            bound.info("event.ignored", reason="recalled before it was answered")
-            if d.on_ignored is not None:
-                d.on_ignored("recalled")
+            why = await d.inbox.why_unclaimed(item.id)
+            if why == "recalled":
+                # Its message was recalled while it waited in its mailbox: no reply is sent.
+                bound.info("event.ignored", reason="recalled before it was answered")
+                if d.on_ignored is not None:
+                    d.on_ignored("recalled")
+            else:
+                # Another replica holds it or has finished it: that replica answers (or did).
+                bound.info("event.not_claimed", inbox_id=item.id, why=why)
             return
         if d.events is not None and await d.events(item):
             return

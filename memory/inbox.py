@@ -131,6 +131,17 @@ class Inbox:
             " WHERE id = ? AND status = 'pending' AND (owner IS NULL OR owner = ? OR lease_until < ?)",
             (self.owner, now + self.lease_seconds, item_id, self.owner, now)) > 0
 
+    async def why_unclaimed(self, item_id: int) -> str:
+        """Why ``start`` refused the row (the rare path, so one more read is fine): "recalled"
+        (a recall cancelled it), "finished" (answered or dropped already, e.g. by another
+        replica), "owned" (another live replica holds it), "gone" (pruned)."""
+        row = await self.db.fetchone("SELECT status, note FROM inbox WHERE id = ?", (item_id,))
+        if row is None:
+            return "gone"
+        if row["status"] == "pending":
+            return "owned"
+        return "recalled" if row["note"] == "recalled" else "finished"
+
     async def leave(self, item_id: int) -> None:
         """Give up this replica's row (another replica holds its conversation): unowned, the
         holder claims it."""

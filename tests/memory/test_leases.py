@@ -233,3 +233,21 @@ async def test_the_holder_answers_what_was_left_before_it_releases_in_one_step(d
     assert await a.release_or_next("oc_a") == []                          # released
     third = await b.accept(**_event(3))
     assert third.held and (await _owner(db, third.id))[0] == "B"
+
+
+async def test_why_a_row_was_not_claimed(db):
+    """The handler logs a refused claim by its cause: only a recall counts as "recalled"
+    (another replica's row is not a recalled message)."""
+    from memory.withdraw import cancel_pending
+
+    clock = Clock()
+    a = Inbox(db, owner="A", lease_seconds=10, clock=clock, conversations=True)
+    b = Inbox(db, owner="B", lease_seconds=10, clock=clock, conversations=True)
+    owned = await a.accept(**_event(1))
+    assert not await b.start(owned.id) and await b.why_unclaimed(owned.id) == "owned"
+    await a.finish(owned.id, "done")
+    assert not await b.start(owned.id) and await b.why_unclaimed(owned.id) == "finished"
+    recalled = await a.accept(**_event(2, conv="oc_b"))
+    assert await cancel_pending(db, "om_2") == 1
+    assert not await a.start(recalled.id) and await a.why_unclaimed(recalled.id) == "recalled"
+    assert await a.why_unclaimed(10_000) == "gone"
