@@ -56,6 +56,10 @@ def is_database_error(e: BaseException) -> bool:
     while e is not None and seen < 5:
         if isinstance(e, (sqlite3.Error, DatabaseError)):
             return True
+        # PostgreSQL's driver errors, also when a store raised one past memory/pg.py's
+        # translation (matched by module: psycopg is imported only when it is configured)
+        if type(e).__module__.split(".")[0] in ("psycopg", "psycopg_pool"):
+            return True
         e, seen = e.__cause__ or e.__context__, seen + 1
     return False
 

@@ -96,3 +96,20 @@ async def test_a_prepared_statement_keeps_answering_right_for_other_parameter_ty
             assert [r["k"] for r in rows] == want
         rows = await one.fetchall("SELECT k FROM wire WHERE n IS NULL ORDER BY k")
         assert [r[0] for r in rows] == ["k0", "k2", "k6"]
+
+
+def test_a_raw_driver_error_counts_as_a_database_error():
+    """A psycopg error that a store let through untranslated is still retried / a 503."""
+    import psycopg
+    import psycopg_pool
+
+    from memory.db import is_database_error
+
+    assert is_database_error(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert is_database_error(psycopg.errors.AdminShutdown("terminating connection"))
+    assert is_database_error(psycopg_pool.PoolTimeout("couldn't get a connection"))
+    wrapped = RuntimeError("store failed")
+    wrapped.__cause__ = psycopg.InterfaceError("the connection is closed")
+    assert is_database_error(wrapped)
+    assert not is_database_error(RuntimeError("a bug"))
+    assert not is_database_error(ValueError("bad input"))
