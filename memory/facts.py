@@ -646,6 +646,19 @@ class FactStore:
             return []
         if not touch:
             return [_fact(r) for r in await self.db.fetchall(*top_query(scope, k))]
+        if self.db.dialect == "postgres":
+            # A write unit there holds the one write lock from its first statement to COMMIT
+            # (memory/pg.py), across the worker-thread hops between them, for every message —
+            # usually to touch nothing. So: the SELECT with no lock, then, only when facts were
+            # found, the UPDATE as a one-statement write (locked only while the server runs it).
+            # Touching rows a concurrent writer just changed or deleted is harmless: the UPDATE
+            # re-checks owner and id, and last_accessed is only a ranking hint.
+            facts = [_fact(r) for r in await self.db.fetchall(*top_query(scope, k))]
+            if not facts:
+                return []
+            now = self.clock()
+            await self.db.execute(*touch_query(scope.user_id, [f.id for f in facts], now))
+            return [replace(f, last_accessed=now) for f in facts]
         # Runs for every message: the SELECT and its last_accessed UPDATE as one write in the
         # SQLite thread (one round trip instead of a read plus a three-hop transaction).
         return await self.db.write(_top_and_touch, scope, k, self.clock())
