@@ -6,7 +6,6 @@ never the URL (it may carry a password)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 
 from memory.db import database
 from tests.conftest import BACKENDS
+from tests.reliability.support import problem_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,19 +38,6 @@ async def _bump(target, to: int | None = None) -> tuple[int, int]:
         await db.close()
 
 
-def _problem_lines(stderr: str) -> list[str]:
-    out = []
-    for line in stderr.splitlines():
-        try:
-            if isinstance(json.loads(line), dict):
-                continue
-        except ValueError:
-            pass
-        if line.strip():
-            out.append(line)
-    return out
-
-
 def test_an_older_ethan_refuses_a_newer_schema_in_one_line(tmp_path, db_target, backend):
     url = ""
     if backend == "postgres":
@@ -67,7 +54,7 @@ def test_an_older_ethan_refuses_a_newer_schema_in_one_line(tmp_path, db_target, 
                           capture_output=True, text=True, timeout=90)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    [line] = _problem_lines(proc.stderr)
+    [line] = problem_lines(proc.stderr)
     assert line.startswith("ethan: cannot start: database "), line
     assert f"schema version {newer}, newer than this Ethan understands ({ours})" in line, line
     if backend == "postgres":

@@ -19,14 +19,13 @@ the real ``lark_oapi.ws.Client`` against the fake long-connection server
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import aiohttp
 import pytest
 
 from bot.lark.ws import LongConnection
-from tests.fakes.fake_anthropic import Delay, FakeAnthropic, Text, last_user_text
+from tests.fakes.fake_anthropic import Delay, Text, last_user_text, running_model
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_lark_ws import FakeLarkWs
 from tests.fakes.lark_events import make_text_event
@@ -57,15 +56,8 @@ def ws(lark):
 
 @pytest.fixture
 def model():
-    fake = FakeAnthropic().start()
-    fake.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
-    fake.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
-                 keys={"facts", "profile_psych"})
-    fake.responder = lambda req: Text(f"echo: {last_user_text(req)}")
-    try:
+    with running_model(lambda req: Text(f"echo: {last_user_text(req)}")) as fake:
         yield fake
-    finally:
-        fake.stop()
 
 
 @pytest.fixture

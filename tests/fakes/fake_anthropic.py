@@ -64,6 +64,7 @@ Prompt caching follows Anthropic's documented rules (build-with-claude/prompt-ca
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import hashlib
@@ -75,7 +76,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterator, Union
 
 from aiohttp import web
 
@@ -1022,3 +1023,19 @@ class FakeAnthropic(ThreadedAiohttpServer):
         except (ConnectionResetError, RuntimeError):
             pass  # the client went away mid-stream (e.g. it timed out); nothing to do
         return resp
+
+
+@contextlib.contextmanager
+def running_model(responder: Callable[[dict], Response] | None = None) -> Iterator["FakeAnthropic"]:
+    """A started FakeAnthropic whose consolidation calls get valid empty answers, so background
+    work never fails on its own; ``responder`` answers the chat turns. Stopped afterwards."""
+    fake = FakeAnthropic().start()
+    fake.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
+    fake.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
+                 keys={"facts", "profile_psych"})
+    if responder is not None:
+        fake.responder = responder
+    try:
+        yield fake
+    finally:
+        fake.stop()

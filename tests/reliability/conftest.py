@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tests.fakes.fake_anthropic import FakeAnthropic
+from tests.fakes.fake_anthropic import running_model
 from tests.fakes.fake_lark import FakeLark
 from tests.reliability.support import LogCapture, ServerProcess
 
@@ -23,15 +23,8 @@ def lark():
 
 @pytest.fixture
 def model():
-    fake = FakeAnthropic().start()
-    # Consolidation answers with valid shapes, so background work never fails on its own.
-    fake.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
-    fake.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
-                 keys={"facts", "profile_psych"})
-    try:
+    with running_model() as fake:
         yield fake
-    finally:
-        fake.stop()
 
 
 @pytest.fixture

@@ -403,3 +403,17 @@ async def wait_for_progress(count, target: int, *, stall: float, what: str, cap:
                                  f"{now - last_move:.0f}s\n{diagnose()}")
     return time.monotonic() - t0
 
+
+
+def problem_lines(stderr: str) -> list[str]:
+    """The lines of a process's stderr that are not the server's JSON log lines."""
+    out = []
+    for line in stderr.splitlines():
+        try:
+            if isinstance(json.loads(line), dict):
+                continue
+        except ValueError:
+            pass
+        if line.strip():
+            out.append(line)
+    return out

@@ -4,12 +4,11 @@ and exits non-zero. Real processes, real files, a real second connection holding
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import subprocess
 import sys
 
-from tests.reliability.support import REPO
+from tests.reliability.support import REPO, problem_lines
 
 
 def _run(tmp_path, *args, timeout=90):
@@ -18,24 +17,10 @@ def _run(tmp_path, *args, timeout=90):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _problem_lines(stderr: str) -> list[str]:
-    """Lines that are not the server's JSON log lines."""
-    out = []
-    for line in stderr.splitlines():
-        try:
-            if isinstance(json.loads(line), dict):
-                continue
-        except ValueError:
-            pass
-        if line.strip():
-            out.append(line)
-    return out
-
-
 def _check_one_line(proc, *words):
     assert proc.returncode not in (0, None), proc.returncode
     assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
-    lines = _problem_lines(proc.stderr)
+    lines = problem_lines(proc.stderr)
     assert len(lines) == 1, lines
     assert all(w in lines[0] for w in words), lines[0]
 

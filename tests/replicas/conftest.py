@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.fakes.fake_anthropic import FakeAnthropic, Text, user_texts
+from tests.fakes.fake_anthropic import Text, running_model, user_texts
 from tests.reliability.conftest import lark  # noqa: F401 - the same fake Lark fixture
 from tests.replicas.fleet import Fleet
 
@@ -27,15 +27,8 @@ def echo(req: dict) -> Text:
 
 @pytest.fixture
 def model():
-    fake = FakeAnthropic().start()
-    fake.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
-    fake.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
-                 keys={"facts", "profile_psych"})
-    fake.responder = echo
-    try:
+    with running_model(echo) as fake:
         yield fake
-    finally:
-        fake.stop()
 
 
 @pytest.fixture(scope="module")
