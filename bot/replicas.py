@@ -100,12 +100,9 @@ class Replicas:
         if not rows:
             self.held.discard(conv)
             return []
-        more = self._fresh(rows)
-        if not more:
-            # Only rows already on their way here (a retry timer, a queued take-over): the
-            # lease stays until they run; the heartbeat releases it once nothing works it.
-            return []
-        return more
+        # Rows already on their way here (a retry timer, a queued take-over) are left out: the
+        # lease stays until they run; the heartbeat releases it once nothing works it.
+        return self._fresh(rows)
 
     def _fresh(self, items: list[InboxItem]) -> list[InboxItem]:
         waiting = self._waiting()
@@ -114,14 +111,20 @@ class Replicas:
         return out
 
     async def heartbeat(self) -> None:
+        await self._every(self.heartbeat_s, self.beat, "replica.heartbeat_failed")
+
+    async def poll(self) -> None:
+        await self._every(self.poll_s, self.take_over, "replica.poll_failed")
+
+    async def _every(self, seconds: float, step: Callable[[], Awaitable[object]], failed: str) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_s)
+            await asyncio.sleep(seconds)
             try:
-                await self.beat()
+                await step()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - the next beat tries again; leases may lapse
-                log.warning("replica.heartbeat_failed", replica=self.owner, error=f"{type(e).__name__}: {e}"[:200])
+            except Exception as e:  # noqa: BLE001 - the next round tries again; leases may lapse
+                log.warning(failed, replica=self.owner, error=f"{type(e).__name__}: {e}"[:200])
 
     async def beat(self) -> None:
         before = set(self.held)
@@ -141,16 +144,6 @@ class Replicas:
             self.held.discard(conv)
             await self.inbox.release(conv)
         self._idle_once = idle - self._idle_once
-
-    async def poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_s)
-            try:
-                await self.take_over()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001
-                log.warning("replica.poll_failed", replica=self.owner, error=f"{type(e).__name__}: {e}"[:200])
 
     async def take_over(self, *, own: bool = False) -> int:
         """Submit pending rows nobody works whose conversation is free; returns how many."""
