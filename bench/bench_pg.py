@@ -15,7 +15,6 @@ as in the tests — the comparison is of CPU and round trips, not of disks).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path

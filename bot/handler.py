@@ -20,7 +20,6 @@ Nothing here knows a transport: messages are ``bot.inbound.Inbound``, replies
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol

@@ -221,7 +221,6 @@ class TerminalChat:
         its last messages. Returns the session it closed, if any (its episode is then due).
         Runs on its own connection before the app starts; ResumeError if there is no such
         session (or several)."""
-        from memory.db import Database
         from memory.sessions import AmbiguousSession, SessionNotFound, SessionStore
 
         if not self.settings.ethan_database_url and not self.settings.db_path.exists():

@@ -28,7 +28,7 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 
 from bot.log import get_logger
-from bot.text import short, when
+from bot.text import when
 from bot.web.api import api_routes
 from bot.web.chat import WebChat
 from bot.web.data import ApiError, ConsoleData, ConsoleDeps, check_user
@@ -232,8 +232,8 @@ class Pages:
         for f in facts:
             superseded = f.get("superseded_at") is not None
             actions = Markup("") if superseded else Markup(
-                f'<button type="button" data-action="edit-fact">Edit</button> '
-                f'<button type="button" class="danger" data-action="delete-fact">Delete</button>')
+                '<button type="button" data-action="edit-fact">Edit</button> '
+                '<button type="button" class="danger" data-action="delete-fact">Delete</button>')
             status = (tag("span", f"superseded by #{f.get('superseded_by') or '—'}", class_="pill muted")
                       if superseded else Markup(""))
             rows.append(tag("tr", join([

@@ -1,6 +1,6 @@
 """Lark events exactly as the Open Platform sends them, and the webhook wire format.
 
-- :func:`load_fixture` -- a shared fixture (``/work/shared/fixtures/lark``, or ``$ETHAN_FIXTURES``)
+- :func:`load_fixture` -- a fixture (``tests/fixtures/lark``, or ``$ETHAN_FIXTURES``)
   with ``create_time`` set to now (ms) and, optionally, fresh ids.
 - :func:`make_text_event` -- a schema 2.0 ``im.message.receive_v1`` event built from arguments.
 - :func:`url_verification` -- the challenge Lark sends when a request URL is saved.
@@ -55,13 +55,14 @@ __all__ = [
 
 BOT_OPEN_ID = "ou_bot"
 KNOWN_NAMES = {"ou_bot": "Ethan", "ou_alice": "Alice", "ou_bob": "Bob", "ou_carol": "Carol"}
-FIXTURES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "lark"
+FIXTURES_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "lark"
 
 _seq = itertools.count(1)
 
 
 def fixtures_dir() -> Path:
-    """``$ETHAN_FIXTURES`` if set, else ``<repo>/../shared/fixtures/lark``."""
+    """``$ETHAN_FIXTURES`` if set, else ``tests/fixtures/lark`` (copied from the Lark docs' shapes;
+    the repository holds everything its tests use)."""
     env = os.environ.get("ETHAN_FIXTURES")
     return Path(env) if env else FIXTURES_DIR
 
