@@ -225,6 +225,10 @@ class EthanApp:
 
             deps.fetch = LarkFetcher(self.lark_api, self.names)
         deps.vision = lambda: caps(getattr(self.agent.model, "name", "")).vision
+        if self.lark_api is not None:
+            from bot.lark.quoted import LarkQuotes
+
+            deps.quote = LarkQuotes(self.lark_api, self.names, vision=deps.vision)
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
                                      admit=self._admit,

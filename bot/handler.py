@@ -32,6 +32,7 @@ from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
 from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
+from bot.quoting import QuoteFetch, quote_block
 from bot.reply import DeliveryError, Reply
 from bot.text import is_chinese
 
@@ -102,6 +103,8 @@ class HandlerDeps:
     # Fetches a message's attachments (bot/attachments.py); None: they are answered politely.
     fetch: "Fetch | None" = None
     vision: Callable[[], bool] = lambda: True   # the answering model reads image blocks
+    # Fetches the message a reply quotes (bot/quoting.py); None: the quote is not read.
+    quote: "QuoteFetch | None" = None
 
 
 class MessageHandler:
@@ -242,10 +245,19 @@ class MessageHandler:
                     name = inbound.sender_name
                     if not name and d.names is not None:
                         name = await d.names.name(inbound.sender_id)
+                text, images = inbound.text, tuple(prepared.images) if prepared is not None else ()
+                if inbound.parent_id and d.quote is not None:
+                    # The quoted message is data after the user's words (its image, if any,
+                    # goes with this request only); an unreadable one becomes a short note.
+                    q = await d.quote(inbound)
+                    text = f"{text}\n\n{quote_block(q)}"
+                    images = images + q.images
+                    bound.info("quote.read", parent_id=inbound.parent_id,
+                               chars=len(q.text), images=len(q.images), error=q.error)
                 turn = UserTurn(scope=inbound.scope(is_admin=d.is_admin(inbound.sender_id)),
-                            text=inbound.text, sender_name=name,
+                            text=text, sender_name=name,
                             message_id=inbound.message_id, truncated=inbound.truncated,
-                            images=tuple(prepared.images) if prepared is not None else ())
+                            images=images)
                 await d.agent.respond(turn, reply)
 
     def skip_reason(self, inbound: Inbound, bot_id: str) -> str:

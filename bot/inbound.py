@@ -63,6 +63,7 @@ class Inbound:
     text: str                 # readable text, the bot's own mention stripped; "" when unreadable
     thread_id: str = ""       # a topic thread inside the chat (its own conversation)
     root_id: str = ""         # the thread's first message, when the transport says
+    parent_id: str = ""       # the message this one replies to (quotes), when the transport says
     event_id: str = ""        # the transport's delivery id (Lark's event_id), for logs
     sender_type: str = "user"
     sender_name: str = ""

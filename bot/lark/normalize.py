@@ -81,6 +81,7 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
         chat_type=msg.chat_type or "p2p",
         thread_id=msg.thread_id or "",
         root_id=msg.root_id or "",
+        parent_id=msg.parent_id or "",
         sender_id=ev.sender.sender_id.open_id,
         sender_type=ev.sender.sender_type,
         message_type=msg.message_type,

@@ -561,6 +561,7 @@ class FakeLark(ThreadedAiohttpServer):
         self._reactions: list[dict] = []
         self._resources: dict[tuple[str, str], tuple[bytes, str]] = {}   # (message_id, key) -> bytes
         self._children: dict[str, list[dict]] = {}   # merge_forward bundle -> its children
+        self._denied: dict[str, int] = {}            # message id -> the code GET answers
         self._ids = itertools.count(1)
         self._log_ids = itertools.count(1)
 
@@ -775,6 +776,7 @@ class FakeLark(ThreadedAiohttpServer):
             self._reactions.clear()
             self._resources.clear()
             self._children.clear()
+            self._denied.clear()
 
     # ---- server -------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
@@ -1121,6 +1123,10 @@ class FakeLark(ThreadedAiohttpServer):
         return self._edit(mid, msg_type, body.get("content"))
 
     def _h_get(self, call, body, mid):
+        with self._lock:
+            denied = self._denied.get(mid)
+        if denied is not None:   # another tenant's message, or a chat the bot cannot read
+            raise _Reject(denied, "Lack of necessary permissions to read this message.")
         m = self._lookup(mid, allow_unknown=False)
         items = [self._message_data(m)]
         # A merged forward: Lark lists the bundle and then its children, each naming the
@@ -1148,6 +1154,24 @@ class FakeLark(ThreadedAiohttpServer):
         """Serve ``data`` at GET /open-apis/im/v1/messages/{message_id}/resources/{key}."""
         with self._lock:
             self._resources[(message_id, key)] = (data, content_type)
+
+    def add_message(self, message_id: str, chat_id: str, *, msg_type: str = "text",
+                    content: dict | str | None = None, text: str = "", sender: str = "ou_bob",
+                    create_ms: int | None = None) -> None:
+        """A message users sent earlier (say, the one a reply quotes): GET answers it."""
+        raw = content if isinstance(content, str) else json.dumps(
+            content if content is not None else {"text": text}, ensure_ascii=False)
+        ms = create_ms if create_ms is not None else int(time.time() * 1000)
+        with self._lock:
+            self._msgs[message_id] = _Msg(
+                message_id, "inbound", chat_id, None, None, None, False, "", "", "", msg_type, raw,
+                json.loads(raw) if raw.startswith("{") else {}, None, ms / 1000, ms,
+                current_type=msg_type, current_raw=raw, inbound=True, sender_id=sender)
+
+    def deny_message(self, message_id: str, code: int = 230027) -> None:
+        """GET of ``message_id`` answers ``code`` (default: lack of necessary permissions)."""
+        with self._lock:
+            self._denied[message_id] = code
 
     def add_forward(self, message_id: str, chat_id: str, children: list[dict]) -> None:
         """Make ``message_id`` a merge_forward bundle with ``children``: dicts with ``sender``
