@@ -313,18 +313,18 @@ class Commands:
         first = ctx.args[0].casefold()
         if first in ("all", "全部"):
             if len(ctx.args) < 2 or ctx.args[1].casefold() not in ("confirm", "确认"):
-                return Confirmation(ctx.t("这会删除我记住的关于你的一切：记忆、行为规则、画像和情节记忆（聊天记录保留）。"
+                return Confirmation(ctx.t("这会删除我记住的关于你的一切：记忆、行为规则、画像、情节记忆和提醒（聊天记录保留）。"
                              "确定的话请发送：/forget all confirm",
-                             "This deletes everything I remember about you: facts, behaviour rules, profile and "
-                             "episodes (chat history stays). To go ahead, send: /forget all confirm"),
+                             "This deletes everything I remember about you: facts, behaviour rules, profile, "
+                             "episodes and reminders (chat history stays). To go ahead, send: /forget all confirm"),
                                     "/forget all confirm")
             result = await forget_memory(self.db, ctx.user)
             c = result.counts
             log.info("command.forget_all", chat_id=ctx.inbound.chat_id, user_id=ctx.user, **c)
             return ctx.t(f"已删除：{c['facts']} 条记忆、{c['procedures']} 条规则、{c['profile_entries']} 条画像、"
-                         f"{c['episodes']} 条情节记忆。",
+                         f"{c['episodes']} 条情节记忆、{c['schedules']} 个提醒。",
                          f"Deleted: {c['facts']} facts, {c['procedures']} rules, {c['profile_entries']} profile "
-                         f"entries, {c['episodes']} episodes.")
+                         f"entries, {c['episodes']} episodes, {c['schedules']} reminders.")
         fact_id = parse_id(ctx.args[0])
         if fact_id is None:
             return ctx.t(f"“{short(ctx.args[0], 20)}” 不是记忆 id。用 /memory 查看 id。",
@@ -503,11 +503,11 @@ class Commands:
         c = result.counts
         rebuilt = c.get("episodes_redacted", 0) + c.get("episodes_dropped", 0)
         return ctx.t(f"已删除 {label} 的全部数据（{c.get('facts', 0)} 条记忆、{c.get('profile_entries', 0)} 条画像、"
-                     f"{c.get('messages', 0)} 条消息、{c.get('episodes', 0)} 条情节记忆等）"
+                     f"{c.get('messages', 0)} 条消息、{c.get('episodes', 0)} 条情节记忆、{c.get('schedules', 0)} 个提醒等）"
                      + (f"；其他成员的 {rebuilt} 条群聊情节记忆已去掉 TA 的话" if rebuilt else "") + "。",
                      f"Erased everything stored about {label} ({c.get('facts', 0)} facts, "
                      f"{c.get('profile_entries', 0)} profile entries, {c.get('messages', 0)} messages, "
-                     f"{c.get('episodes', 0)} episodes, …)"
+                     f"{c.get('episodes', 0)} episodes, {c.get('schedules', 0)} reminders, …)"
                      + (f"; {rebuilt} of other members' group episodes no longer hold their words" if rebuilt else "")
                      + ".")
 

@@ -21,6 +21,7 @@ ORDER = ("inbox", "outbox", "modes", "audit", "sessions", "conversations", "conv
          "procedures", "profile_entries", "episodes", "episode_chunks", "fact_sources",
          "profile_sources",
          "chat_greetings", "card_confirmations", "chats_left",
+         "schedules", "schedule_deliveries",
          # leases (expired by the time a copy is used; copied so the counts verify as for any table)
          "conversation_leases", "consolidation_claims")
 BATCH = 1000

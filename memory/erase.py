@@ -258,6 +258,8 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
         c["episodes_redacted"], c["episodes_dropped"] = await _redact_episodes(
             tx, uid, [s for s in session_ids if s not in set(gone)])
         c["modes"] = await _run(tx, "DELETE FROM modes WHERE user_id = ?", (uid,))
+        # Their reminders (every chat), with their delivery history (ON DELETE CASCADE).
+        c["schedules"] = await _run(tx, "DELETE FROM schedules WHERE owner_id = ?", (uid,))
         others = await _forget_learned_only(tx, gone)
         c["others_facts"], c["others_profile_entries"] = others["facts"], others["profile_entries"]
 
@@ -314,6 +316,8 @@ async def forget_memory(db: Database, user_id: str) -> EraseResult:
         c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE user_id = ?", (uid,))
         c["consolidation_writes"] = await _run(
             tx, "DELETE FROM consolidation_writes WHERE user_id = ?", (uid,))
+        # Reminders are memory of what they asked for: forgotten too (delivery history cascades).
+        c["schedules"] = await _run(tx, "DELETE FROM schedules WHERE owner_id = ?", (uid,))
         if c["episodes"]:    # /forget rebuilds no group episodes (no episodes_redacted/_dropped here)
             await _optimize(tx, "episodes_fts")
             await _optimize(tx, "episode_chunks_fts")
@@ -368,5 +372,7 @@ async def delete_session(db: Database, session_id: str) -> dict[str, int] | None
             (session_id,)))[0]
         c["episodes"] = await _run(tx, "DELETE FROM episodes WHERE session_id = ?", (session_id,))
         c.update(await _forget_learned_only(tx, [session_id]))
+        # Reminders set in it were derived from it alone.
+        c["schedules"] = await _run(tx, "DELETE FROM schedules WHERE session_id = ?", (session_id,))
         c["sessions"] = await _run(tx, "DELETE FROM sessions WHERE id = ?", (session_id,))
     return c

@@ -5,7 +5,7 @@ layer's tables live beside nothing else's). Later versions are appended as
 ALTER/CREATE scripts and never edited once released.
 """
 
-from memory.schema import core, sessions, working, facts, procedures, profile, episodic
+from memory.schema import core, sessions, working, facts, procedures, profile, episodic, schedules
 
 V1 = "\n".join(m.V1 for m in (core, sessions, working, facts, procedures, profile, episodic))
 
@@ -19,4 +19,5 @@ MIGRATIONS: list[str] = [
     core.V7,       # replicas: inbox row owner + lease, conversation leases, consolidation claims
     profile.V8,    # profile_sources: which sessions taught each profile entry
     episodic.V9,   # PostgreSQL's BM25 statistics (term_array, episode_index_stats); a no-op on SQLite
+    schedules.V10, # reminders: schedules + schedule_deliveries
 ]
