@@ -6,7 +6,7 @@ acknowledged but not answered before the last stop → background loops.
 
 Stop: stop intake (long connection closed, webhook answers 503 so Lark redelivers) →
 drain in-flight replies within the deadline → cancel the rest (still pending in the
-inbox) → drain consolidation (pending work stays derivable) → close clients → close
+inbox) → end the parse workers → drain consolidation (pending work stays derivable) → close clients → close
 the database.
 """
 
@@ -104,6 +104,7 @@ class EthanApp:
         self.sender = None
         self.names: CachedNames | None = None
         self.long_connection = None
+        self.parse_pool = None     # bot/parse_pool.py: attachment parsing, off the loop
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._background: set[asyncio.Task] = set()
@@ -224,6 +225,11 @@ class EthanApp:
             from bot.lark.resources import LarkFetcher
 
             deps.fetch = LarkFetcher(self.lark_api, self.names)
+        from bot.parse_pool import ParseLimits, ParsePool
+
+        self.parse_pool = deps.parse_pool = ParsePool(ParseLimits(
+            workers=s.ethan_parse_workers, cpu_seconds=s.ethan_parse_cpu_seconds,
+            timeout=s.ethan_parse_timeout, memory_mb=s.ethan_parse_memory_mb))
         deps.vision = lambda: caps(getattr(self.agent.model, "name", "")).vision
         if self.lark_api is not None:
             from bot.lark.quoted import LarkQuotes
@@ -540,6 +546,8 @@ class EthanApp:
         cancelled = 0
         if self.dispatcher is not None:
             cancelled = await self.dispatcher.stop(deadline)
+        if self.parse_pool is not None:       # after the replies: none is parsing any more
+            await self.parse_pool.stop()
         for timer in list(self._timers):      # their items stay pending in the inbox
             timer.cancel()
         self._timers.clear()

@@ -13,29 +13,24 @@ answer that follows describes the image; a replay reads those, it does not re-se
 
 from __future__ import annotations
 
-import base64
-import io
-import zipfile
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
-from xml.etree import ElementTree
 
+from bot import readers
 from bot.inbound import Attachment, Inbound
+from bot.parse_pool import ParseFailed, ParsePool
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024     # Lark's own cap on an image message
 MAX_FILE_BYTES = 20 * 1024 * 1024      # past this a file's text is rarely what was meant
-MAX_FILE_CHARS = 30_000                # of one file's text into one turn (~10k tokens)
+MAX_FILE_CHARS = readers.MAX_FILE_CHARS   # of one file's text into one turn (~10k tokens)
 MAX_IMAGES = 4                         # per message (a post can carry many)
 # Anthropic's guidance: images past ~1.15 megapixels / 1568 px are downscaled by the API anyway
 # (same tokens, more upload); OpenAI's "high" detail tiles at 2048/768. 1568 px suits both.
-MAX_SIDE_PX = 1568
-SMALL_IMAGE_BYTES = 1024 * 1024        # small and within MAX_SIDE_PX: sent exactly as received
-
-IMAGE_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
+# (bot/readers.py MAX_SIDE_PX; small and within it: sent exactly as received.)
 TEXT_EXTS = frozenset({"txt", "md", "markdown", "csv", "tsv", "json", "log", "yaml", "yml", "xml",
                        "html", "htm", "py", "js", "ts", "go", "java", "c", "h", "cpp", "rs", "sh",
                        "sql", "ini", "toml", "rst"})
-OFFICE_EXTS = frozenset({"docx", "pptx", "xlsx"})
+OFFICE_EXTS = readers.OFFICE_EXTS
 
 
 class AttachmentError(Exception):
@@ -60,7 +55,10 @@ REASONS = {
                   "I couldn't recognise that image's format (PNG, JPEG, GIF and WebP work)."),
     "not_pdf": ("这个文件名是 .pdf，但内容不是有效的 PDF，我读不了。",
                 "That file is named .pdf but isn't a valid PDF, so I can't read it."),
-    "unreadable": ("这个文件我打不开（可能已损坏或加密）。", "I couldn't open that file (it may be damaged or encrypted)."),
+    "unreadable": ("这个{what}我读不了（可能已损坏、加密，或者太复杂）。",
+                   "I couldn't read that {what_en} (it may be damaged, encrypted or too complex)."),
+    "too_many_pixels": ("这张图片的像素太多了（上限 4000 万像素），我读不了。可以缩小一点再发吗？",
+                        "That image has too many pixels for me (limit 40 megapixels). Could you send a smaller one?"),
     "unsupported": ("抱歉，我还读不了 {ext} 文件。目前支持：文本、Markdown、PDF、Word(docx)、PowerPoint(pptx)、Excel(xlsx)。",
                     "Sorry, I can't read {ext} files yet. I can read text, Markdown, PDF, Word (docx), PowerPoint (pptx) and Excel (xlsx)."),
     "no_text": ("这个文件里没有我能读出的文字（可能是扫描件）。", "I found no text in that file (a scan, perhaps)."),
@@ -101,9 +99,11 @@ class Prepared:
     skipped: list = field(default_factory=list)   # AttachmentErrors of a post's images (logged)
 
 
-async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool) -> Prepared:
+async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePool) -> Prepared:
     """Fetch and read every attachment; raises AttachmentError on the first that fails (the
-    message is answered with the reason and nothing of it is stored)."""
+    message is answered with the reason and nothing of it is stored). The bytes are read in
+    ``pool``'s worker processes (bot/parse_pool.py): nothing untrusted is parsed on the loop,
+    and a parser's error, a timeout, a memory or CPU limit is an AttachmentError too."""
     out = Prepared()
     parts: list[str] = []
     images = [a for a in inbound.attachments if a.kind == "image"]
@@ -118,7 +118,7 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool) -> Prepared:
                 got = await fetch(inbound, att)
                 if len(got.data) > MAX_IMAGE_BYTES:
                     raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="image")
-                block = image_block(got.data)
+                block = await _read(pool, "image", got.data, kind="image")
             except AttachmentError as e:
                 if inbound.message_type != "post":
                     raise
@@ -138,11 +138,10 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool) -> Prepared:
             got = await fetch(inbound, att)
             if len(got.data) > MAX_FILE_BYTES:
                 raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="file")
-            text = extract_text(att.name, got.data)
+            text, cut = await _read(pool, "file", att.name, got.data, MAX_FILE_CHARS, kind="file")
             if not text.strip():
                 raise AttachmentError("no_text", att.name, kind="file")
-            if len(text) > MAX_FILE_CHARS:
-                text = text[:MAX_FILE_CHARS]
+            if cut:
                 out.cut = True
                 parts.append(f"[文件 file {att.name} — 只读了前 {MAX_FILE_CHARS} 字 / first {MAX_FILE_CHARS} characters only]\n{text}")
             else:
@@ -158,141 +157,17 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool) -> Prepared:
     return out
 
 
-def _ext(name: str) -> str:
-    return name.rsplit(".", 1)[-1].lower() if "." in name else ""
+_ext = readers.ext_of
 
 
-# -- images -----------------------------------------------------------------------------------
+# -- reading: in the parse pool --------------------------------------------------------------
 
-def sniff_image(data: bytes) -> str:
-    """The image format from its first bytes ('' when none we send): the name or the
-    transport's content type is not trusted — a wrong media_type is a 400 from the model."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    return ""
-
-
-def image_block(data: bytes) -> dict:
-    """An ImageBlock: small images exactly as received; large ones (bytes or pixels) decoded
-    and re-encoded as JPEG within MAX_SIDE_PX, which keeps the request small and the model's
-    image tokens bounded. Raises AttachmentError("not_image") for anything else."""
-    fmt = sniff_image(data)
-    if not fmt:
-        raise AttachmentError("not_image", "unknown magic bytes", kind="image")
-    from PIL import Image, UnidentifiedImageError   # imported on first image: not on every start
-
+async def _read(pool: "ParsePool", job: str, *args, kind: str) -> object:
+    """A reader's result from a parse worker; AttachmentError for every way it can fail."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.verify()             # decodes the structure: a truncated or forged file fails here
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-            if len(data) <= SMALL_IMAGE_BYTES and max(w, h) <= MAX_SIDE_PX:
-                return {"type": "image", "media_type": IMAGE_TYPES[fmt],
-                        "data": base64.b64encode(data).decode("ascii")}
-            img.thumbnail((MAX_SIDE_PX, MAX_SIDE_PX))
-            rgb = img.convert("RGB")
-            buf = io.BytesIO()
-            rgb.save(buf, format="JPEG", quality=85, optimize=True)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-        raise AttachmentError("not_image", str(e)[:200], kind="image") from e
-    return {"type": "image", "media_type": "image/jpeg", "data": base64.b64encode(buf.getvalue()).decode("ascii")}
+        return await pool.run(job, *args)
+    except ParseFailed as e:
+        raise AttachmentError(e.reason, e.detail, kind=kind, cause=e.cause) from None
 
 
-# -- files ------------------------------------------------------------------------------------
-
-def extract_text(name: str, data: bytes) -> str:
-    """A file's readable text; AttachmentError when it is not what its name says."""
-    ext = _ext(name)
-    if ext == "pdf":
-        return _pdf_text(data)
-    if ext in OFFICE_EXTS:
-        return _office_text(ext, data)
-    return _decode(data)
-
-
-def _decode(data: bytes) -> str:
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    for enc in ("utf-8", "gb18030"):   # Chinese Windows tools still write GBK
-        try:
-            return data.decode(enc)
-        except UnicodeDecodeError:
-            continue
-    return data.decode("utf-8", errors="replace")
-
-
-def _pdf_text(data: bytes) -> str:
-    if not data.lstrip()[:5] == b"%PDF-":
-        raise AttachmentError("not_pdf", "no %PDF- header", kind="file")
-    import logging
-
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
-
-    logging.getLogger("pypdf").setLevel(logging.ERROR)   # its warnings about odd files are not ours
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise AttachmentError("unreadable", "encrypted PDF", kind="file")
-        pages, size = [], 0
-        for page in reader.pages:
-            t = page.extract_text() or ""
-            pages.append(t)
-            size += len(t)
-            if size > MAX_FILE_CHARS:      # enough to fill the cap: the rest is not read
-                break
-    except AttachmentError:
-        raise
-    except (PdfReadError, ValueError, KeyError, TypeError, OSError) as e:
-        raise AttachmentError("not_pdf", str(e)[:200], kind="file") from e
-    return "\n\n".join(pages)
-
-
-_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
-_A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
-_S = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
-
-
-def _office_text(ext: str, data: bytes) -> str:
-    """docx / pptx / xlsx are zipped XML: their text is in a few known parts, read with the
-    standard library (no dependency for what is a few XPath walks)."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            names = z.namelist()
-            if ext == "docx":
-                root = ElementTree.fromstring(z.read("word/document.xml"))
-                return "\n".join("".join(t.text or "" for t in p.iter(f"{_W}t")) for p in root.iter(f"{_W}p"))
-            if ext == "pptx":
-                slides = sorted((n for n in names if n.startswith("ppt/slides/slide") and n.endswith(".xml")),
-                                key=lambda n: int("".join(c for c in n if c.isdigit()) or 0))
-                out = []
-                for i, n in enumerate(slides, 1):
-                    root = ElementTree.fromstring(z.read(n))
-                    paras = ["".join(t.text or "" for t in p.iter(f"{_A}t")) for p in root.iter(f"{_A}p")]
-                    out.append(f"# slide {i}\n" + "\n".join(x for x in paras if x))
-                return "\n\n".join(out)
-            shared = []
-            if "xl/sharedStrings.xml" in names:
-                root = ElementTree.fromstring(z.read("xl/sharedStrings.xml"))
-                shared = ["".join(t.text or "" for t in si.iter(f"{_S}t")) for si in root.iter(f"{_S}si")]
-            out = []
-            for n in sorted(x for x in names if x.startswith("xl/worksheets/sheet") and x.endswith(".xml")):
-                root = ElementTree.fromstring(z.read(n))
-                for row in root.iter(f"{_S}row"):
-                    cells = []
-                    for c in row.iter(f"{_S}c"):
-                        v = c.find(f"{_S}v")
-                        val = v.text if v is not None else "".join(t.text or "" for t in c.iter(f"{_S}t"))
-                        if c.get("t") == "s" and val is not None and val.isdigit() and int(val) < len(shared):
-                            val = shared[int(val)]
-                        cells.append(val or "")
-                    out.append("\t".join(cells))
-            return "\n".join(out)
-    except (zipfile.BadZipFile, KeyError, ElementTree.ParseError, ValueError) as e:
-        raise AttachmentError("unreadable", f"{ext}: {e}"[:200], kind="file") from e
+sniff_image = readers.sniff_image

@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     ethan_session_idle_hours: float = Field(default=6.0, gt=0)
     ethan_shutdown_deadline: float = Field(default=20.0, gt=0)
     ethan_max_concurrency: int = Field(default=64, ge=1)          # conversations handled at once
+    # Attachments are parsed in worker processes (bot/parse_pool.py), each job bounded:
+    ethan_parse_workers: int = Field(default=2, ge=1, le=64)      # files read at once
+    ethan_parse_cpu_seconds: float = Field(default=10.0, gt=0, le=600)   # CPU time per file
+    ethan_parse_timeout: float = Field(default=20.0, gt=0, le=600)       # wall clock per file (s)
+    ethan_parse_memory_mb: int = Field(default=768, ge=128, le=65536)    # address space per worker
     ethan_local_user: str = "ou_local"                           # `ethan chat` user id
     ethan_log_level: str = "info"
 

@@ -30,6 +30,7 @@ from bot.agent.agent import Agent, UserTurn
 from bot.attachments import AttachmentError, Fetch, prepare, refusal
 from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
+from bot.parse_pool import ParsePool
 from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
 from bot.quoting import QuoteFetch, quote_block
@@ -102,6 +103,8 @@ class HandlerDeps:
     events: Callable[[InboxItem], Awaitable[bool]] | None = None
     # Fetches a message's attachments (bot/attachments.py); None: they are answered politely.
     fetch: "Fetch | None" = None
+    # Where attachments are parsed (bot/parse_pool.py): worker processes, never this loop.
+    parse_pool: "ParsePool | None" = None
     vision: Callable[[], bool] = lambda: True   # the answering model reads image blocks
     # Fetches the message a reply quotes (bot/quoting.py); None: the quote is not read.
     quote: "QuoteFetch | None" = None
@@ -207,9 +210,9 @@ class MessageHandler:
         d = self.d
         chinese = is_chinese(inbound.text) or not inbound.text
         prepared = None
-        if inbound.attachments and d.fetch is not None:
+        if inbound.attachments and d.fetch is not None and d.parse_pool is not None:
             try:
-                prepared = await prepare(inbound, d.fetch, vision=d.vision())
+                prepared = await prepare(inbound, d.fetch, vision=d.vision(), pool=d.parse_pool)
             except AttachmentError as e:
                 # One line with the ids (bound) and the transport's codes; nothing is stored.
                 bound.warning("attachment.refused", reason=e.reason, detail=e.detail[:200],
