@@ -234,7 +234,7 @@ class EthanApp:
         if self.lark_api is not None:
             from bot.lark.quoted import LarkQuotes
 
-            deps.quote = LarkQuotes(self.lark_api, self.names, vision=deps.vision)
+            deps.quote = LarkQuotes(self.lark_api, self.names, vision=deps.vision, pool=self.parse_pool)
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
                                      admit=self._admit,

@@ -170,4 +170,9 @@ async def _read(pool: "ParsePool", job: str, *args, kind: str) -> object:
         raise AttachmentError(e.reason, e.detail, kind=kind, cause=e.cause) from None
 
 
+async def read_image(pool: "ParsePool", data: bytes) -> dict:
+    """An image block for ``data`` (see bot/readers.py read_image), read in the pool."""
+    return await _read(pool, "image", data, kind="image")
+
+
 sniff_image = readers.sniff_image

@@ -15,7 +15,7 @@ import datetime as dt
 import json
 from typing import Any, Callable
 
-from bot.attachments import MAX_IMAGE_BYTES, AttachmentError, image_block
+from bot.attachments import MAX_IMAGE_BYTES, AttachmentError, read_image
 from bot.inbound import Inbound
 from bot.lark.normalize import epoch_seconds, flatten_post
 from bot.lark.openapi import LarkApiError, OpenApi, ResourceTooLarge
@@ -27,8 +27,10 @@ log = get_logger("ethan.lark.quoted")
 
 
 class LarkQuotes:
-    def __init__(self, api: OpenApi, names: Any = None, *, vision: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, api: OpenApi, names: Any = None, *, vision: Callable[[], bool] = lambda: True,
+                 pool: Any = None) -> None:
         self.api = api
+        self.pool = pool       # bot/parse_pool.py: the image is decoded there, not on the loop
         self.names = names
         self.vision = vision
         self.forwards = LarkFetcher(api, names)
@@ -75,11 +77,11 @@ class LarkQuotes:
             key = content.get("image_key")
             if not isinstance(key, str) or not key:
                 return "[图片 image]", ()
-            if not self.vision():
+            if not self.vision() or self.pool is None:
                 return f"[图片 image {key} — 当前模型不支持看图 / this model cannot see images]", ()
             try:
                 raw, _ = await self.api.download(mid, key, kind="image", max_bytes=MAX_IMAGE_BYTES)
-                return f"[图片 image {key}]", (image_block(raw),)
+                return f"[图片 image {key}]", (await read_image(self.pool, raw),)
             except (LarkApiError, ResourceTooLarge, AttachmentError) as e:
                 log.info("quote.image_unreadable", parent_id=mid, error=str(e)[:200])
                 return f"[图片 image {key} — 无法读取 / could not be read]", ()
