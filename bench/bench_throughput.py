@@ -75,9 +75,11 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _e2e(convs: int, per_conv: int, concurrency: int, profile: Path | None) -> dict:
+def _e2e(convs: int, per_conv: int, concurrency: int, profile: Path | None, **env: str) -> dict:
+    """``env``: extra server environment (bench_paired runs another checkout's code through
+    ``pythonpath``)."""
     with temp_home() as home, Fakes() as fakes:
-        server = Server(home, fakes, profile=profile).start()
+        server = Server(home, fakes, profile=profile, **env).start()
         try:
             # one message first: warms the server's lazy paths (token, identity, jieba)
             warm = [signed_request("hello", chat_id="oc_p2p_warm", sender="ou_warm")]
