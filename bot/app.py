@@ -235,6 +235,9 @@ class EthanApp:
             from bot.lark.quoted import LarkQuotes
 
             deps.quote = LarkQuotes(self.lark_api, self.names, vision=deps.vision, pool=self.parse_pool)
+            from bot.lark.chats import CachedChatModes
+
+            deps.decode = LarkDecoder(self.bot_open_id, CachedChatModes(self.lark_api).is_topic_chat)
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
                                      admit=self._admit,

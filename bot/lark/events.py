@@ -75,6 +75,7 @@ MESSAGE_RECEIVE = "im.message.receive_v1"
 MESSAGE_RECALLED = "im.message.recalled_v1"
 BOT_ADDED = "im.chat.member.bot.added_v1"
 BOT_DELETED = "im.chat.member.bot.deleted_v1"
+CHAT_DISBANDED = "im.chat.disbanded_v1"     # the group was dissolved: as if the bot left
 P2P_ENTERED = "im.chat.access_event.bot_p2p_chat_entered_v1"
 CARD_ACTION = "card.action.trigger"
 
@@ -87,7 +88,8 @@ class RecalledEvent(_Wire):
 
 
 class ChatMemberBotEvent(_Wire):
-    """bot.added_v1 / bot.deleted_v1 (lark_oapi P2ImChatMemberBotAddedV1Data)."""
+    """bot.added_v1 / bot.deleted_v1 (lark_oapi P2ImChatMemberBotAddedV1Data); also
+    im.chat.disbanded_v1 (P2ImChatDisbandedV1Data: the same chat_id / operator_id / name)."""
     chat_id: str
     operator_id: UserId = Field(default_factory=UserId)
     name: str = ""
@@ -176,6 +178,7 @@ REGISTRY: dict[str, EventSpec] = {s.event_type: s for s in (
     EventSpec(MESSAGE_RECALLED, RecalledEvent, _route_recall, "recall"),
     EventSpec(BOT_ADDED, ChatMemberBotEvent, _route_chat, "joined"),
     EventSpec(BOT_DELETED, ChatMemberBotEvent, _route_chat, "left"),
+    EventSpec(CHAT_DISBANDED, ChatMemberBotEvent, _route_chat, "left"),
     EventSpec(P2P_ENTERED, P2pEnteredEvent, _route_chat, "p2p_entered"),
     EventSpec(CARD_ACTION, CardActionEvent, _route_card, "card_action"),
 )}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 from bot.inbound import LARK, MAX_TEXT_CHARS, Attachment, Inbound, Mention, NotAMessage
@@ -27,15 +28,24 @@ class LarkDecoder:
     Raises ``NotAMessage`` for events that are not messages, ``ValueError`` (pydantic's
     ``ValidationError`` is one) or ``RecursionError`` for a payload that does not parse."""
 
-    def __init__(self, bot_open_id: Callable[[], Awaitable[str]]) -> None:
+    def __init__(self, bot_open_id: Callable[[], Awaitable[str]],
+                 is_topic_chat: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.bot_open_id = bot_open_id
+        self.is_topic_chat = is_topic_chat     # bot/lark/chats.py; None: no topic groups known
 
     async def __call__(self, payload: str) -> Inbound:
         # stdlib json, as at intake: pydantic's parser stops at depth 200 (an event intake took)
         envelope = Envelope.model_validate(json.loads(payload))
         if envelope.header.event_type != MESSAGE_RECEIVE:
             raise NotAMessage("unhandled event type")
-        return parse_event(envelope, bot_open_id=await self.bot_open_id())
+        inbound = parse_event(envelope, bot_open_id=await self.bot_open_id())
+        if (not inbound.thread_id and inbound.chat_type == "group"
+                and self.is_topic_chat is not None and await self.is_topic_chat(inbound.chat_id)):
+            # A topic-mode group names a topic by its first message (a reply's root_id, or the
+            # message itself when it starts one), no thread_id: the topic is the conversation
+            # (and the memory session), as a thread is.
+            inbound = replace(inbound, thread_id=inbound.root_id or inbound.message_id)
+        return inbound
 
 
 def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:

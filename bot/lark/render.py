@@ -104,6 +104,18 @@ _MARKDOWN = re.compile(
 )
 
 
+# Lark turns ``<at user_id="…">`` (text), ``<at id=…>`` / ``<at ids=…>`` / ``<at email=…>``
+# (post md, card markdown) into real mentions, ``all`` included. Text the model wrote must never
+# ping anyone: the tag's "<" becomes a full-width "＜", so it reads the same and mentions no one.
+_AT_TAG = re.compile(r"<(\s*/?\s*at\b)", re.IGNORECASE)
+
+
+def defuse_mentions(text: str) -> str:
+    """``text`` with every ``<at …>`` / ``</at>`` tag made inert (only mentions the product
+    itself adds are real; it adds them outside this text)."""
+    return _AT_TAG.sub("＜\\1", text) if "<" in text else text
+
+
 def looks_like_markdown(text: str) -> bool:
     return bool(_MARKDOWN.search(text))
 

@@ -24,7 +24,7 @@ from bot.lark.cards import (
     streaming_card,
 )
 from bot.lark.openapi import Category, LarkApiError
-from bot.lark.render import TEXT_CHUNK_CHARS, derive_uuid, render, split_text
+from bot.lark.render import TEXT_CHUNK_CHARS, defuse_mentions, derive_uuid, render, split_text
 from bot.lark.sender import LarkSender
 from bot.reply import DeliveryError
 
@@ -127,6 +127,7 @@ class LarkReply:
     async def stream(self, text_so_far: str) -> None:
         if self._finished or self.card_failed:
             return
+        text_so_far = defuse_mentions(text_so_far)   # what the model wrote pings no one
         self._latest = text_so_far
         now = self._clock()
         if self._first_stream_at is None:
@@ -159,7 +160,7 @@ class LarkReply:
         self._finished = True
         self._closing.set()
         try:
-            card = confirm_card(text, command=command, user_id=user_id, chat_type=chat_type)
+            card = confirm_card(defuse_mentions(text), command=command, user_id=user_id, chat_type=chat_type)
             try:
                 mid = await self._sender.reply(self.message_id, "interactive", card,
                                                uuid=derive_uuid(self.uuid_base, "confirm"),
@@ -182,7 +183,7 @@ class LarkReply:
             self._log.warning("lark.reply.finish_again")
             return
         self._finished = True
-        text = text.strip()
+        text = defuse_mentions(text.strip())
         self._closing.set()
         self._wake.set()
         try:

@@ -52,6 +52,13 @@ def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
             return web.Response(status=400)
         if verified.kind == "challenge":
             return web.json_response({"challenge": verified.body["challenge"]})
+        if verified.kind == "v1":
+            # An app still subscribed to a v1 event: acknowledged, or Lark retries it four times
+            # over seven hours; one line tells the operator to switch it to v2.0 in the console.
+            ev = verified.body.get("event")
+            log.info("webhook.v1_event_ignored", uuid=str(verified.body.get("uuid", ""))[:64],
+                     event_type=str(ev.get("type", "") if isinstance(ev, dict) else "")[:64])
+            return web.json_response({"code": 0, "msg": "ignored"})
         try:
             result = await intake.accept(verified.raw, verified.body)
         except NotAccepting:

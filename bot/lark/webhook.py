@@ -29,7 +29,7 @@ class Malformed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Verified:
-    kind: str                    # "challenge" | "event"
+    kind: str                    # "challenge" | "event" | "v1" (a schema 1.0 event, not handled)
     body: dict[str, Any]         # the decrypted JSON
     raw: str                     # the decrypted JSON text (stored verbatim in the inbox)
 
@@ -118,8 +118,11 @@ def verify(
         raw, inner = body.decode("utf-8", "replace"), outer
 
     is_challenge = inner.get("type") == "url_verification"
+    # A v1 (schema 1.0) event carries its token at the top, like the challenge.
+    is_v1 = inner.get("type") == "event_callback" and "header" not in inner
     header = inner.get("header")
-    token = inner.get("token") if is_challenge else header.get("token") if isinstance(header, dict) else None
+    token = (inner.get("token") if is_challenge or is_v1
+             else header.get("token") if isinstance(header, dict) else None)
     if verification_token and not _same(token if isinstance(token, str) else "", verification_token):
         raise Refused("verification token mismatch")
 
@@ -144,6 +147,8 @@ def verify(
         if not isinstance(inner.get("challenge"), str):
             raise Malformed("url_verification without challenge")
         return Verified("challenge", inner, raw)
+    if is_v1:
+        return Verified("v1", inner, raw)
     if not isinstance(inner.get("header"), dict):
         raise Malformed("no event header")
     return Verified("event", inner, raw)

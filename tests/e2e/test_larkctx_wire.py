@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import aiohttp
 import pytest
@@ -15,8 +16,10 @@ from PIL import Image
 from tests.fakes.fake_anthropic import FakeAnthropic, Text
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.fakes.lark_events import make_text_event
-from tests.reliability.support import ServerProcess, post_event, wait_until
+from tests.harness import ENCRYPT_KEY, VERIFICATION_TOKEN
+from tests.fakes.lark_events import (_envelope, make_text_event,
+                                     webhook_request)
+from tests.reliability.support import ServerProcess, post_event, sqlite_rows, wait_until
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 
@@ -144,3 +147,67 @@ async def test_an_unreadable_quote_is_answered_anyway_with_a_note(serve, lark, m
     [sent] = lark.messages(chat_id="oc_p2p_alice")
     assert "读不到" in sent.text
     assert any(e.get("event") == "quote.unreadable" for e in serve.entries())
+
+
+# -- Lark's rules on the way out ---------------------------------------------------------------
+
+GROUP = dict(chat_type="group", mentions=["ou_bot"])
+
+
+async def test_a_model_written_mention_reaches_lark_escaped(serve, lark, model):
+    model.script(Text('<at user_id="all"></at> 大家注意'),
+                 Text('## 通知\n- <at id=all></at> 开会\n- <AT ids="ou_bob"></at> 带电脑'))
+    await _ask(serve, lark, model, make_text_event("帮我叫一下所有人", chat_id="oc_team_at", **GROUP))
+    await _ask(serve, lark, model, make_text_event("用列表再发一遍", chat_id="oc_team_at", **GROUP), n=2)
+    sent = lark.messages(chat_id="oc_team_at")
+    assert [m.msg_type for m in sent] == ["text", "post"]
+    raw = json.dumps([m.content for m in sent], ensure_ascii=False)
+    assert "<at" not in raw.lower() and "</at" not in raw.lower(), raw
+    assert '＜at user_id="all">＜/at> 大家注意' == sent[0].text
+
+
+async def test_a_v1_event_gets_200_and_one_log_line(serve, lark, model):
+    body = {"uuid": "v1-uuid-1", "token": "vtoken", "ts": "1764468000.0", "type": "event_callback",
+            "event": {"type": "message", "app_id": "cli_test", "open_chat_id": "oc_x", "text": "hi"}}
+    headers, data = webhook_request(body, encrypt_key=ENCRYPT_KEY, verification_token=VERIFICATION_TOKEN)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(serve.url + "/lark/events", data=data, headers=headers) as r:
+            assert r.status == 200
+    await wait_until(lambda: any(e.get("event") == "webhook.v1_event_ignored" for e in serve.entries()),
+                     5, "the v1 log line")
+    assert [e["event_type"] for e in serve.entries() if e.get("event") == "webhook.v1_event_ignored"] == ["message"]
+    assert model.chat_requests() == [] and lark.messages() == []
+
+
+async def test_a_disbanded_chat_is_left(serve, lark, model):
+    ev = _envelope("im.chat.disbanded_v1", {"chat_id": "oc_team_gone", "operator_id": {"open_id": "ou_alice"},
+                                            "external": False, "operator_tenant_key": "tk_demo", "name": "Team"})
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, serve.url, ev) == 200
+        await wait_until(lambda: any(e.get("event") == "chat.left" for e in serve.entries()), 10, "chat.left")
+        late = make_text_event("还在吗", chat_id="oc_team_gone", **GROUP)
+        assert await post_event(http, serve.url, late) == 200
+    mid = late["event"]["message"]["message_id"]
+    rows = await wait_until(lambda: [r for r in sqlite_rows(serve.db_path, "SELECT status, note FROM inbox"
+                                                            " WHERE message_id = ?", (mid,))
+                                     if r["status"] != "pending"], 10, "the late message finished")
+    assert [(r["status"], r["note"]) for r in rows] == [("ignored", "bot removed from the chat")]
+    assert lark.messages() == [] and model.chat_requests() == []
+
+
+async def test_a_topic_group_keeps_one_session_per_topic(serve, lark, model):
+    lark.chat_modes["oc_topics"] = "topic"
+    topic = dict(chat_id="oc_topics", **GROUP)
+    a = make_text_event("话题 A：部署", **topic)
+    b = make_text_event("话题 B：招聘", **topic)
+    a_id, b_id = a["event"]["message"]["message_id"], b["event"]["message"]["message_id"]
+    await _ask(serve, lark, model, a, n=1)
+    await _ask(serve, lark, model, b, n=2)
+    await _ask(serve, lark, model, make_text_event("A 的后续", root_id=a_id, parent_id=a_id, **topic), n=3)
+    await _ask(serve, lark, model, make_text_event("B 的后续", root_id=b_id, parent_id=b_id, **topic), n=4)
+    last = model.last_user_text(model.chat_requests()[-1])
+    assert "B 的后续" in last
+    history = json.dumps(model.chat_requests()[-1].json["messages"], ensure_ascii=False)
+    assert "话题 B：招聘" in history and "部署" not in history      # topic A is another conversation
+    rows = sqlite_rows(serve.db_path, "SELECT conv_key, thread_id FROM sessions ORDER BY conv_key")
+    assert sorted(r["thread_id"] for r in rows) == sorted([a_id, b_id]), [dict(r) for r in rows]

@@ -536,6 +536,8 @@ class FakeLark(ThreadedAiohttpServer):
         self.token_ttl = token_ttl
         self.users: dict[str, str] = {"ou_alice": "Alice", "ou_bob": "Bob", **(users or {})}
         self.chats: dict[str, str] = dict(chats or {})
+        # chat_id -> chat_mode ("topic" for a topic-mode group: group_message_type "thread")
+        self.chat_modes: dict[str, str] = {}
         self.latency: float = 0.0
         self.enforce_chat_qps: int | None = None
         self.invalid_token_status: int = 400
@@ -1233,10 +1235,12 @@ class FakeLark(ThreadedAiohttpServer):
 
     def _h_chat(self, call, body, cid):
         p2p = cid.startswith("oc_p2p")
+        mode = "p2p" if p2p else self.chat_modes.get(cid, "group")
         return self._ok({
             "chat_id": cid, "name": self.chats.get(cid, "" if p2p else f"Chat {cid}"),
             "description": "", "owner_id": "ou_alice", "owner_id_type": "open_id",
-            "chat_mode": "p2p" if p2p else "group", "chat_type": "private",
+            "chat_mode": mode, "group_message_type": "thread" if mode == "topic" else "chat",
+            "chat_type": "private",
             "external": False, "tenant_key": "tk_fake", "user_count": "2" if p2p else "3",
             "bot_count": "1",
         })
