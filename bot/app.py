@@ -39,6 +39,8 @@ from bot.lark.normalize import LarkDecoder
 from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.text import is_chinese
+from bot.tools import memory_tools
+from bot.tools.registry import ToolRegistry
 from bot.metrics import Metrics
 from memory.outbox import Outbox
 from bot.replicas import Replicas
@@ -185,8 +187,10 @@ class EthanApp:
                              queue=self.queue)
         # Every close (idle sweep, /new, /resume, idle-on-append) writes the episode off the reply path.
         sessions.add_close_listener(self.queue.request_episode)
+        self.tools = ToolRegistry([memory_tools()], on_call=self.metrics.count_tool)
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
-                           on_failure=self._on_model_failure, on_call=self.metrics.model_calls.inc)
+                           on_failure=self._on_model_failure, on_call=self.metrics.model_calls.inc,
+                           tools=self.tools)
         self.commands = Commands(CommandDeps(memory=self.memory, is_admin=s.is_admin,
                                              bot_open_id=self.bot_open_id, runtime=self._runtime))
         # A PostgreSQL database may be shared by any number of replicas: rows and conversations

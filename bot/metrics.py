@@ -31,6 +31,11 @@ class Metrics:
                                  registry=r)
         self.conversations = Gauge("ethan_active_conversations", "Conversations with queued work",
                                    registry=r)
+        # The tool port (bot/tools/registry.py): outcome ok | error | timeout | declined
+        self.tool_calls = Counter("ethan_tool_calls_total", "Tool calls, by tool and outcome",
+                                  ["tool", "outcome"], registry=r)
+        self.tool_latency = Histogram("ethan_tool_latency_seconds", "Tool call time, by tool", ["tool"],
+                                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
         self.latency = Histogram("ethan_reply_latency_seconds", "Time from handling start to reply",
                                  buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120), registry=r)
 
@@ -42,6 +47,10 @@ class Metrics:
                         ("cache_read", u.cache_read_tokens), ("cache_write", u.cache_write_tokens)):
             if n:
                 self.model_tokens.labels(*labels, kind).inc(n)
+
+    def count_tool(self, tool: str, outcome: str, seconds: float) -> None:
+        self.tool_calls.labels(tool, outcome).inc()
+        self.tool_latency.labels(tool).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

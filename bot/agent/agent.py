@@ -22,7 +22,8 @@ from bot.agent.router import route
 from bot.log import get_logger
 from bot.reply import Reply
 from bot.text import is_chinese
-from bot.tools import TOOL_SPECS, ToolContext
+from bot.tools import ToolContext, default_registry
+from bot.tools.registry import ToolRegistry
 from memory.consolidation_queue import ConsolidationQueue
 from memory.db import Database
 from memory.episodic import EpisodeStore
@@ -106,8 +107,10 @@ class Agent:
     def __init__(self, memory: Memory, model: ChatModel, *, deadline: float = 60.0,
                  max_input_chars: int = 20_000,
                  on_failure: Callable[[str], None] | None = None,
-                 on_call: Callable[[], None] | None = None) -> None:
+                 on_call: Callable[[], None] | None = None,
+                 tools: ToolRegistry | None = None) -> None:
         self.memory = memory
+        self.tools = tools or default_registry()   # the tool port (bot/tools/registry.py)
         self.model = model
         self.deadline = deadline
         self.max_input_chars = max_input_chars
@@ -174,15 +177,17 @@ class Agent:
         messages = with_context(messages, volatile_context(blocks, today=dt.date.today().isoformat()))
         if turn.images:
             messages = with_images(messages, turn.images)
-        system, messages = mark_cache(system, messages, TOOL_SPECS, model=model_name)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
-                          user_text=turn.text, session_id=session.id)
+                          user_text=turn.text, session_id=session.id,
+                          confirm=getattr(reply, "confirm_tool", None))
+        offer = self.tools.offer(ctx)
+        system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)
         self.calls += 1
         if self.on_call is not None:
             self.on_call()
         try:
             result = await run_loop(self.model, system=system, messages=messages,
-                                    ctx=ctx, on_text=reply.stream, deadline=deadline)
+                                    registry=self.tools, offer=offer, ctx=ctx, on_text=reply.stream, deadline=deadline)
         except ModelFailure as failure:
             self.failures += 1
             if self.on_failure is not None:

@@ -2,7 +2,9 @@
 
 The table covers every ``memory.llm.StopReason`` (a test checks it), and each adapter maps
 its provider's stop/finish reasons onto those values (tested per adapter), so a new stop
-reason is a failing test, not a silent misbehaviour. The loop speaks only the model port.
+reason is a failing test, not a silent misbehaviour. The loop speaks only the model port and
+the tool port (bot/tools/registry.py): it offers the registry's tools for this request and runs
+the calls through the registry, never knowing which provider a tool came from.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.tools import TOOL_SPECS, TOOLS, ToolContext, ToolOutcome, run_tool
-from memory.llm import ChatModel, Message, ModelRequest, ModelResponse, OnText, StopReason, ToolSpec, Usage
+from bot.tools import ToolContext, ToolOutcome, default_registry
+from bot.tools.registry import Offer, ToolRegistry
+from memory.llm import ChatModel, Message, ModelRequest, ModelResponse, OnText, StopReason, Usage
 
 
 class Step(enum.Enum):
@@ -34,7 +37,7 @@ STOP_STEPS: dict[StopReason, Step] = {
 }
 
 MAX_ITERATIONS = 6
-CHAT_TOOLS: list[ToolSpec] = [ToolSpec(t["name"], t["description"], t["input_schema"]) for t in TOOL_SPECS]
+_MEMORY_ONLY = default_registry()
 
 
 @dataclass
@@ -52,9 +55,12 @@ class LoopResult:
 
 
 async def run_loop(model: ChatModel, *, system: list[dict], messages: list[Message],
-                   tools: list[ToolSpec] | None = None, ctx: ToolContext, on_text: OnText | None,
+                   registry: ToolRegistry | None = None, offer: Offer | None = None,
+                   ctx: ToolContext, on_text: OnText | None,
                    deadline: float, max_iterations: int = MAX_ITERATIONS) -> LoopResult:
-    tools = CHAT_TOOLS if tools is None else tools
+    registry = registry or _MEMORY_ONLY
+    offer = offer if offer is not None else registry.offer(ctx)
+    tools = offer.specs
     convo: list[Message] = list(messages)
     outcomes: list[ToolOutcome] = []
     texts: list[str] = []
@@ -77,7 +83,7 @@ async def run_loop(model: ChatModel, *, system: list[dict], messages: list[Messa
         step = STOP_STEPS.get(resp.stop_reason, Step.FINISH)
         if step is Step.RUN_TOOLS and resp.tool_uses and not last:
             convo.append({"role": "assistant", "content": resp.content})
-            results = [await run_tool(TOOLS, b, ctx) for b in resp.tool_uses]
+            results = [await registry.run(offer, b, ctx) for b in resp.tool_uses]
             outcomes.extend(results)
             blocks = [r.as_block() for r in results]
             rounds.append((resp.content, blocks))

@@ -9,7 +9,7 @@ writes come back as ``is_error`` results the model can correct.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Awaitable, Callable, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -32,6 +32,9 @@ class ToolContext:
     profile: Any
     user_text: str = ""
     session_id: str = ""     # the session of the request: what the tools write is learned from it
+    # Asks the caller to confirm a side-effecting call (tool name, arguments) -> clicked yes;
+    # None: nobody can be asked, so such calls are not run (bot/tools/registry.py).
+    confirm: Callable[[str, dict], Awaitable[bool]] | None = None
 
 
 class Tool(Protocol):

@@ -78,6 +78,8 @@ async def test_every_series_is_exposed_with_its_type(tmp_path):
         "ethan_consolidation_queue_depth": "gauge",
         "ethan_active_conversations": "gauge",
         "ethan_reply_latency_seconds": "histogram",
+        "ethan_tool_calls": "counter",
+        "ethan_tool_latency_seconds": "histogram",
     }
     assert m.value("ethan_replies_sent_total") == 0
     assert m.value("ethan_reply_latency_seconds_count") == 0
