@@ -259,6 +259,8 @@ class EthanApp:
                 self.long_connection = LongConnection(app_id=s.lark_app_id, app_secret=s.lark_app_secret,
                                                       domain=s.lark_domain, intake=self._intake_proxy())
                 self.long_connection.start(asyncio.get_running_loop())
+        for line in s.model_warnings():
+            log.warning("config.model_mismatch", problem=line)
         await self._check_model()
         await self.queue.start()
         await self.queue.recover()
@@ -283,9 +285,11 @@ class EthanApp:
         if self.settings.offline_model or self.models is None:
             self.model_problem = ""
             return
-        from bot.llm.health import check_model
+        from bot.llm.health import check_models
 
-        self.model_problem = await check_model(self.settings, self.models.chat.models[0])
+        # Every configured model (main, fallbacks, consolidation): a fallback or consolidation
+        # model without a key would otherwise fail only when it is needed.
+        self.model_problem = await check_models(self.settings, self.models)
         if self.model_problem:
             log.error("model.unusable", problem=self.model_problem)
 

@@ -26,6 +26,11 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
+# ETHAN_MODEL left empty: the main provider's kind picks the model (an OpenAI key must not
+# send a Claude model name to OpenAI).
+DEFAULT_MODELS = {"anthropic": DEFAULT_MODEL, "openai": "gpt-4o"}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DATABASE_SCHEMES = ("postgresql://", "postgres://")
 PROVIDER_KINDS = ("anthropic", "openai")
 # The built-in providers: their key and base URL are the SDKs' own variables.
 BUILTIN_PROVIDERS = {"anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
@@ -55,8 +60,10 @@ class Settings(BaseSettings):
     anthropic_base_url: str = ""
     openai_api_key: str = ""
     openai_base_url: str = ""
-    ethan_provider: str = ""            # "" = anthropic, or openai when only OPENAI_API_KEY is set
-    ethan_model: str = DEFAULT_MODEL
+    # "" = anthropic when ANTHROPIC_API_KEY is set, else openai when OPENAI_API_KEY or
+    # OPENAI_BASE_URL is (a keyless Ollama / vLLM), else anthropic (the offline model)
+    ethan_provider: str = ""
+    ethan_model: str = ""               # "" = DEFAULT_MODELS of the main provider's kind
     ethan_consolidation_model: str = ""
     ethan_fallback_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # config.yaml `providers:` — name: {kind: anthropic|openai, base_url, api_key_env}
@@ -97,6 +104,29 @@ class Settings(BaseSettings):
     ethan_parse_memory_mb: int = Field(default=768, ge=128, le=65536)    # address space per worker
     ethan_local_user: str = "ou_local"                           # `ethan chat` user id
     ethan_log_level: str = "info"
+
+    @field_validator("ethan_log_level", "lark_transport", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("ethan_log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        if v not in LOG_LEVELS:
+            raise ValueError(f"{v!r} is not a log level ({' | '.join(LOG_LEVELS)})")
+        return v
+
+    @field_validator("ethan_database_url")
+    @classmethod
+    def _database_url(cls, v: str) -> str:
+        # Anything else used to be taken for a SQLite path (mysql://x made ./mysql:/x)
+        v = v.strip()
+        if v and not v.startswith(DATABASE_SCHEMES):
+            scheme = v.split("://", 1)[0] if "://" in v else v[:20]
+            raise ValueError(f"{scheme!r} is not a supported database: use postgresql://user:password@host:5432/db,"
+                             " or leave it empty for SQLite at $ETHAN_HOME/ethan.db")
+        return v
 
     @field_validator("ethan_admins", mode="before")
     @classmethod
@@ -189,6 +219,13 @@ class Settings(BaseSettings):
             raise ValueError(f"ETHAN_PROVIDER: {p!r} is not a provider (anthropic, openai"
                              f"{''.join(', ' + n for n in self.providers)})")
         self.ethan_provider = p
+        if not self.ethan_model.strip():
+            kind = self.provider_config(self.provider).kind if self.provider in BUILTIN_PROVIDERS \
+                else None
+            if kind is None:
+                raise ValueError(f"ETHAN_MODEL: name a model of provider {self.provider!r} "
+                                 "(ETHAN_PROVIDER names it; there is no default for it)")
+            self.ethan_model = DEFAULT_MODELS[kind]
         self.model_ref(self.ethan_model, "ETHAN_MODEL")
         if self.ethan_consolidation_model:
             self.model_ref(self.ethan_consolidation_model, "ETHAN_CONSOLIDATION_MODEL")
@@ -205,12 +242,38 @@ class Settings(BaseSettings):
 
     @property
     def provider(self) -> str:
-        """The main provider: ETHAN_PROVIDER, else openai when only OPENAI_API_KEY is set."""
+        """The main provider: ETHAN_PROVIDER; else anthropic when its key is set; else openai
+        when its key or its base URL is (Ollama and vLLM take no key); else anthropic."""
         if self.ethan_provider:
             return self.ethan_provider
-        if self.openai_api_key and not self.anthropic_api_key:
+        if self.anthropic_api_key:
+            return "anthropic"
+        if self.openai_api_key or self.openai_base_url:
             return "openai"
         return "anthropic"
+
+    def model_warnings(self) -> list[str]:
+        """Configured models that look like another provider's (``claude-…`` sent to an
+        OpenAI-compatible endpoint, ``gpt-…`` to Anthropic): start-up logs each, as
+        ``config.model_mismatch``; the start-up check then tells whether it works."""
+        if self.offline_model:
+            return []
+        refs = [("ETHAN_MODEL", self.ethan_model)]
+        if self.ethan_consolidation_model:
+            refs.append(("ETHAN_CONSOLIDATION_MODEL", self.ethan_consolidation_model))
+        refs += [("ETHAN_FALLBACK_MODELS", r) for r in self.ethan_fallback_models]
+        out = []
+        for setting, ref in refs:
+            provider, model = self.model_ref(ref, setting)
+            kind = self.provider_config(provider).kind
+            claude = model.lower().startswith("claude")
+            if kind == "openai" and claude:
+                out.append(f"{setting}: {model!r} is a Claude model but provider {provider} speaks the OpenAI"
+                           " API; name one of its models")
+            elif kind == "anthropic" and not claude:
+                out.append(f"{setting}: {model!r} is not a Claude model but provider {provider} is Anthropic;"
+                           " set ETHAN_PROVIDER, or name it provider:model")
+        return out
 
     def model_ref(self, ref: str, setting: str = "ETHAN_MODEL") -> tuple[str, str]:
         """``provider:model`` or ``model`` (on the main provider) -> (provider, model). A prefix

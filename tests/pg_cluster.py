@@ -24,8 +24,9 @@ INSTALL_HINT = ("PostgreSQL server binaries not found (initdb/pg_ctl): install t
 
 def find_bindir() -> Path | None:
     env = os.environ.get("ETHAN_PG_BINDIR")
-    candidates = [env] if env else []
-    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    if env:     # named: that folder or nothing (a wrong path is not silently replaced)
+        return Path(env) if (Path(env) / "initdb").exists() and (Path(env) / "pg_ctl").exists() else None
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
     which = shutil.which("pg_ctl")
     if which:
         candidates.append(str(Path(os.path.realpath(which)).parent))

@@ -8,11 +8,10 @@ from bot.llm.policy import log
 from memory.llm import ModelFailure
 
 
-def problem_line(settings: Any, model: Any, kind: str, detail: str = "") -> str:
+def problem_line(settings: Any, model: Any, kind: str, detail: str = "", model_setting: str = "ETHAN_MODEL") -> str:
     """What is wrong, naming the setting: ``OPENAI_API_KEY: rejected by …`` and the like."""
     p = settings.provider_config(model.provider)
     where = p.base_url or ("https://api.anthropic.com" if p.kind == "anthropic" else "https://api.openai.com/v1")
-    model_setting = "ETHAN_MODEL"
     if kind == "auth":
         return f"{p.key_setting or 'the API key'}: rejected by {where} (provider {p.name}); check the key"
     if kind == "not_found":
@@ -26,7 +25,27 @@ def problem_line(settings: Any, model: Any, kind: str, detail: str = "") -> str:
     return f"{model_setting}: provider {p.name} at {where} answered the check with {kind}"
 
 
-async def check_model(settings: Any, model: Any) -> str:
+async def check_models(settings: Any, models: Any) -> str:
+    """The first problem of the configured models — the main one, each fallback, the
+    consolidation model — each model checked once; "" when all are usable."""
+    chain = list(models.chat.models)
+    named = [("ETHAN_MODEL", chain[0])] + [("ETHAN_FALLBACK_MODELS", m) for m in chain[1:]]
+    named += [("ETHAN_CONSOLIDATION_MODEL" if settings.ethan_consolidation_model else "ETHAN_MODEL",
+               m) for m in models.consolidation.models]
+    seen: set[tuple[str, str]] = set()
+    problems = []
+    for setting, model in named:
+        key = (model.provider, model.name)
+        if key in seen:
+            continue
+        seen.add(key)
+        problem = await check_model(settings, model, setting)
+        if problem:
+            problems.append(problem if setting == "ETHAN_MODEL" else f"{setting} {model.provider}:{model.name}: {problem}")
+    return problems[0] if problems else ""
+
+
+async def check_model(settings: Any, model: Any, model_setting: str = "ETHAN_MODEL") -> str:
     """"" when the main model is usable, else the line. Transient answers (overloaded,
     rate-limited, a 5xx) are not a configuration problem: logged, not reported."""
     check = getattr(model, "check", None)
@@ -36,7 +55,7 @@ async def check_model(settings: Any, model: Any) -> str:
         await check()
     except ModelFailure as f:
         if f.kind in ("auth", "not_found", "connection", "timeout", "spend_limit"):
-            return problem_line(settings, model, f.kind, f.detail)
+            return problem_line(settings, model, f.kind, f.detail, model_setting)
         log.warning("model.check_inconclusive", model=model.name, provider=model.provider, kind=f.kind,
                     status=f.status)
     except Exception as e:  # noqa: BLE001 — a check never stops the start

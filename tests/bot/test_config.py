@@ -202,3 +202,63 @@ async def test_fallback_chain_in_order(clean_env, monkeypatch):
         assert len(models.clients) == 2          # one client per provider
     finally:
         await models.aclose()
+
+
+# -- the provider and the model follow what is configured (issue 30, items 2, 3, 10) --------
+
+def test_a_base_url_alone_picks_the_openai_provider_keyless(clean_env, monkeypatch):
+    """Ollama / vLLM: OPENAI_BASE_URL and nothing else is a configured endpoint, not the
+    offline model (it used to need ETHAN_PROVIDER=openai too)."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://localhost:11434/v1")
+    s = load_settings()
+    assert s.provider == "openai" and not s.offline_model
+    assert s.provider_config("openai").api_key == ""
+
+
+def test_the_default_model_follows_the_provider(clean_env, monkeypatch):
+    assert load_settings().ethan_model == "claude-sonnet-4-6"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    s = load_settings()
+    assert s.model_ref(s.ethan_model) == ("openai", "gpt-4o") and s.model_warnings() == []
+    monkeypatch.setenv("ETHAN_MODEL", "")            # .env.example's empty line: the same
+    assert load_settings().ethan_model == "gpt-4o"
+
+
+def test_the_env_example_names_no_model_of_one_provider():
+    import re
+
+    values = dict(re.findall(r"^([A-Z][A-Z0-9_]*)=(.*)$", (ROOT / ".env.example").read_text(), re.M))
+    assert values["ETHAN_MODEL"] == "", "cp .env.example .env + OPENAI_API_KEY must not send a Claude model to OpenAI"
+
+
+def test_a_model_of_another_provider_is_warned_about(clean_env, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    monkeypatch.setenv("ETHAN_MODEL", "claude-sonnet-4-6")
+    (line,) = load_settings().model_warnings()
+    assert "ETHAN_MODEL" in line and "claude-sonnet-4-6" in line and "\n" not in line
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
+    monkeypatch.setenv("ETHAN_FALLBACK_MODELS", "anthropic:gpt-4o-mini")
+    (line,) = load_settings().model_warnings()
+    assert "ETHAN_FALLBACK_MODELS" in line and "gpt-4o-mini" in line
+
+
+@pytest.mark.parametrize("var,value", [
+    ("ETHAN_DATABASE_URL", "mysql://x"),
+    ("ETHAN_DATABASE_URL", "sqlite:///tmp/x.db"),
+    ("ETHAN_LOG_LEVEL", "loud"),
+    ("ETHAN_PROVIDER", "gemini"),
+    ("LARK_TRANSPORT", "http"),
+])
+def test_unknown_schemes_and_enum_values_are_refused_in_one_line(clean_env, monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as e:
+        load_settings()
+    assert str(e.value).startswith(var) and "\n" not in str(e.value)
+    assert not list(clean_env.rglob("*mysql*")) and not list(clean_env.rglob("*sqlite*"))
+
+
+def test_log_level_and_transport_are_case_insensitive(clean_env, monkeypatch):
+    monkeypatch.setenv("ETHAN_LOG_LEVEL", "WARNING")
+    monkeypatch.setenv("LARK_TRANSPORT", "WS")
+    s = load_settings()
+    assert (s.ethan_log_level, s.lark_transport) == ("warning", "ws")

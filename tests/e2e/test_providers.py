@@ -194,6 +194,25 @@ async def test_wrong_key_and_unreachable_endpoint_name_the_setting(tmp_path):
         assert status == 503 and body["model_problem"].startswith("OPENAI_BASE_URL: cannot reach")
 
 
+async def test_the_start_up_check_covers_fallback_and_consolidation_models(tmp_path):
+    """A fallback or consolidation model that cannot work is found at start (issue 30), not
+    when the main model first fails or the first session closes."""
+    with FakeOpenAI(api_key="the-right-key") as openai_fake, LogCapture() as logs:
+        # main: Anthropic (works); the fallback's OpenAI key is wrong
+        async with Harness(tmp_path / "a", openai_api_key="wrong", openai_base_url=openai_fake.base_url,
+                           ethan_fallback_models=["openai:gpt-4o-mini"]) as h:
+            status, body = await healthz(h)
+            assert status == 503 and body["model_problem"].startswith("ETHAN_FALLBACK_MODELS openai:gpt-4o-mini:")
+            assert "OPENAI_API_KEY: rejected" in body["model_problem"]
+        # consolidation on an unknown model of the same (working) provider
+        openai_fake.unknown_models = {"gpt-4o-mini-typo"}
+        async with Harness(tmp_path / "b", model=openai_fake, openai_api_key="the-right-key",
+                           ethan_consolidation_model="openai:gpt-4o-mini-typo") as h:
+            status, body = await healthz(h)
+            assert status == 503 and body["model_problem"].startswith("ETHAN_CONSOLIDATION_MODEL openai:gpt-4o-mini-typo:")
+        assert len(logs.events("model.unusable")) == 2
+
+
 async def test_a_server_without_model_routes_is_not_a_problem(tmp_path):
     with FakeOpenAI() as fake:
         fake.retrieve_route = False         # /models/{id} 404s; the list has it

@@ -1,0 +1,42 @@
+"""What `make test` needs beyond Python and make, checked before the suite starts: one line
+naming what is missing and how to get it (exit 2), instead of a fixture error minutes in.
+
+    python -m tests.preflight        (the Makefile's `test` target runs it first)
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import sys
+from pathlib import Path
+
+from tests.pg_cluster import find_bindir
+
+
+def missing() -> list[str]:
+    needs = []
+    if find_bindir() is None:
+        needs.append("PostgreSQL server binaries (apt-get install postgresql, or ETHAN_PG_BINDIR=<dir with initdb>)")
+    elif os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:    # initdb refuses root: the throwaway cluster runs as `postgres`
+            needs.append("a `postgres` user to run the test cluster as root (apt-get install postgresql creates it)")
+    chromium = os.environ.get("ETHAN_CHROMIUM", "/usr/bin/chromium")
+    if not (Path(chromium).is_file() and os.access(chromium, os.X_OK)) and not shutil.which(chromium):
+        needs.append(f"Chromium at {chromium} (apt-get install chromium, or ETHAN_CHROMIUM=<path>)")
+    return needs
+
+
+def main() -> int:
+    needs = missing()
+    if needs:
+        print("make test needs: " + "; ".join(needs), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
