@@ -56,7 +56,8 @@ one matched word is distinctive (in at most a third of the user's episodes, from
 ``DISTINCT_MIN_EPISODES`` on). A "last time" cue (``RECALL_CUES``) lowers the bar to
 ``RECALL_CUE_THRESHOLD``; a bare cue with no content word gets the ``RECALL_RECENT`` newest
 episodes. How many: those within ``RECALL_RELATIVE`` of the best, at most ``k``, within
-``max_tokens`` (summary + the matching excerpt, ≤ ``EXCERPT_TOKENS``). Private (p2p) episodes
+``max_tokens`` (``RECALL_BUDGET_TOKENS``): each its summary as heading and its evidence — the
+lines that hold the message's words, with neighbours (``evidence_lines``, ``episode_lines``). Private (p2p) episodes
 are recalled only in p2p; a group's only in that group; another user's never. One matched
 word alone decides only when ``_lone_word_decides`` (specific in the language, and an English
 message speaks of the user). Tuned on the generated sets: recall 0.922 (suite set) / 0.934
@@ -108,7 +109,18 @@ RECALL_RELATIVE = 0.7      # ... each with coverage >= this share of the best on
 RECALL_CUE_THRESHOLD = 0.15  # with a "last time" cue, a weaker match is enough
 DISTINCT_MIN_EPISODES = 4  # the distinctive-word rule applies from this many episodes on
 RECALL_RECENT = 2          # a bare "do you remember what we talked about" gets the newest ones
-EXCERPT_TOKENS = 160       # the matching part of the turns sent beside the summary
+# What recall injects (docs/memory.md "What recall injects"): per message at most
+# RECALL_BUDGET_TOKENS for the whole <related_episodes> block, as rendered by episode_lines;
+# each episode a heading (date, summary ≤ HEADING_TOKENS, keywords) and its evidence — the user
+# lines that matched the message with EVIDENCE_NEIGHBOURS lines either side, at most
+# EVIDENCE_WINDOWS places in the session, ≤ EVIDENCE_TOKENS per episode.
+RECALL_BUDGET_TOKENS = 900
+HEADING_TOKENS = 100
+EVIDENCE_TOKENS = 300
+EVIDENCE_NEIGHBOURS = 1
+EVIDENCE_WINDOWS = 2
+EVIDENCE_CHUNKS = 3        # the best-matching chunks whose lines are scored one by one
+EXCERPT_TOKENS = EVIDENCE_TOKENS   # (older name)
 PARTIAL_CREDIT = 0.5       # a message word met only through its sub-words (数据库 → 数据)
 MIN_TRIMMED_TOKENS = 40    # below this, a second episode is left out rather than cut
 # A decision resting on one matched word (see _lone_word_decides):
@@ -390,7 +402,8 @@ class Episode:
     ended_at: float | None = None
     score: float = 0.0
     matched: list[str] = field(default_factory=list)
-    excerpt: str = ""          # recall: the part of the session's turns that matched
+    excerpt: str = ""          # recall: the evidence lines joined (older callers read this)
+    evidence: list[str] = field(default_factory=list)   # recall: the matching lines with neighbours
 
     def to_dict(self) -> dict[str, Any]:
         """The spec's record (episodes.json), plus scope and the session's dates."""
@@ -619,7 +632,7 @@ def _word_dfs(conn: Any, user_id: str, words: list[str]) -> dict[str, int]:
 
 
 def _recall_reads(conn: Any, where: list[str], params: list[Any], terms: list[str], user_id: str,
-                  words: list[str]) -> tuple[list[Episode], dict[str, float], dict[int, list[tuple[str, set[str]]]]]:
+                  words: list[str]) -> tuple[list[Episode], dict[str, float], dict[int, list[tuple[str, set[str], set[str]]]]]:
     """Run by Database.read: the fused candidates; when there are any, the word weights
     w(t) = log(1 + N / (1 + df(t))) over the user's own N episodes (df: episodes whose summary
     or turns hold t), and each candidate's evidence: its summary's terms and each chunk's."""
@@ -633,7 +646,7 @@ def _recall_reads(conn: Any, where: list[str], params: list[Any], terms: list[st
     weights[_N_KEY] = float(n)
     ids = [ep.id for ep in candidates]
     marks = ", ".join("?" * len(ids))
-    evidence: dict[int, list[tuple[str, set[str]]]] = {i: [] for i in ids}
+    evidence: dict[int, list[tuple[str, set[str], set[str]]]] = {i: [] for i in ids}
     summary_terms = {r["id"]: set(r["terms"].split()) for r in conn.execute(
         f"SELECT id, terms FROM episodes WHERE id IN ({marks})", ids).fetchall()}
     chunks: dict[int, list[tuple[str, set[str]]]] = {i: [] for i in ids}
@@ -642,10 +655,10 @@ def _recall_reads(conn: Any, where: list[str], params: list[Any], terms: list[st
         chunks[r["episode_id"]].append((r["text"], set(r["terms"].split())))
     for i in ids:
         base = summary_terms.get(i, set())
-        evidence[i].append(("", base))
+        evidence[i].append(("", base, set()))
         # a chunk is judged with the summary beside it: the summary says what the session was
-        # about, the chunk what was said there
-        evidence[i].extend((text, base | t) for text, t in chunks[i])
+        # about, the chunk what was said there (its own terms kept to pick the evidence lines)
+        evidence[i].extend((text, base | t, t) for text, t in chunks[i])
     return candidates, weights, evidence
 
 
@@ -820,7 +833,7 @@ class EpisodeStore:
         return out
 
     async def recall(
-        self, scope: Scope, text: str, *, k: int = RECALL_MAX, max_tokens: int = 600,
+        self, scope: Scope, text: str, *, k: int = RECALL_MAX, max_tokens: int = RECALL_BUDGET_TOKENS,
         exclude_session: str | None = None,
     ) -> list[Episode]:
         """Past episodes the current message is about (for ``<related_episodes>``), or ``[]``.
@@ -856,7 +869,7 @@ class EpisodeStore:
         judged: list[tuple[float, Episode]] = []
         for ep in candidates:
             best = (0.0, [], "")
-            for chunk_text, ep_terms in evidence.get(ep.id, []):
+            for chunk_text, ep_terms, _ in evidence.get(ep.id, []):
                 matched: list[str] = []
                 credit = 0.0
                 for word, variants in words:
@@ -892,6 +905,8 @@ class EpisodeStore:
         chosen = [ep for cov, ep in judged[:k] if cov >= RECALL_RELATIVE * top]
         for ep in chosen:
             ep.score = next(cov for cov, e in judged if e is ep)
+            chunks = [(text, own) for text, _, own in evidence.get(ep.id, []) if text]
+            ep.evidence = await self._off_loop(evidence_lines, words, weights, chunks)
         return _fit(chosen, max_tokens)
 
     async def _recent_for(self, scope: Scope, exclude_session: str | None, max_tokens: int) -> list[Episode]:
@@ -924,23 +939,144 @@ class EpisodeStore:
         return await asyncio.to_thread(fn, *args)
 
 
+def _credit(words: list[tuple[str, set[str]]], weights: dict[str, float], terms: set[str]) -> tuple[float, frozenset]:
+    credit, hit = 0.0, []
+    for word, variants in words:
+        if word in terms:
+            credit += weights.get(word, 1.0)
+        elif variants & terms:
+            credit += PARTIAL_CREDIT * weights.get(word, 1.0)
+        else:
+            continue
+        hit.append(word)
+    return credit, frozenset(hit)
+
+
+def session_lines(chunks: list[str]) -> list[str]:
+    """A session's indexed lines in order, from its overlapping chunks."""
+    lines: list[str] = []
+    for i, text in enumerate(chunks):
+        part = text.split("\n")
+        lines.extend(part if i == 0 else part[CHUNK_LINES - CHUNK_STRIDE:])
+    return lines
+
+
+def evidence_lines(words: list[tuple[str, set[str]]], weights: dict[str, float],
+                   chunks: list[tuple[str, set[str]]]) -> list[str]:
+    """The lines of a session that answer the message, with their neighbours, in order.
+
+    The ``EVIDENCE_CHUNKS`` chunks whose own terms (not the summary's) best cover the message
+    are split into lines and each line scored by the weighted message words it holds; the best
+    line, and a second one holding a message word the first window lacks, each bring
+    ``EVIDENCE_NEIGHBOURS`` lines either side (the exchange around it). Windows are separated
+    by "…". ``[]`` when no line holds a message word (the summary alone matched)."""
+    if not chunks:
+        return []
+    ranked = sorted(((c, seq) for seq, (_, terms) in enumerate(chunks)
+                     for c in [_credit(words, weights, terms)[0]] if c > 0), key=lambda x: (-x[0], x[1]))
+    if not ranked:
+        return []
+    lines = session_lines([t for t, _ in chunks])
+    candidates: set[int] = set()
+    for _, seq in ranked[:EVIDENCE_CHUNKS]:
+        start = seq * CHUNK_STRIDE
+        candidates.update(range(start, min(start + CHUNK_LINES, len(lines))))
+    scored = []
+    for i in sorted(candidates):
+        credit, hit = _credit(words, weights, set(index_terms(lines[i])))
+        if credit > 0:
+            scored.append((credit, i, hit))
+    if not scored:
+        return []
+    scored.sort(key=lambda x: (-x[0], x[1]))
+    windows: list[tuple[int, int]] = []
+    covered: set[str] = set()
+    for credit, i, hit in scored:
+        if len(windows) >= EVIDENCE_WINDOWS:
+            break
+        lo, hi = max(0, i - EVIDENCE_NEIGHBOURS), min(len(lines) - 1, i + EVIDENCE_NEIGHBOURS)
+        if any(a <= i <= b for a, b in windows) or (windows and hit <= covered):
+            continue
+        windows.append((lo, hi))
+        covered |= hit
+    windows.sort()
+    out: list[str] = []
+    last = -2
+    for lo, hi in windows:
+        lo = max(lo, last + 1)
+        if out and lo > last + 1:
+            out.append("…")
+        out.extend(lines[lo:hi + 1])
+        last = max(last, hi)
+    return out
+
+
+def _speaker_line(line: str) -> str:
+    """``[Name] text`` (a group member) → ``Name: text``; a p2p line is the user's."""
+    m = re.match(r"^\[([^\]\n]{1,64})\]\s?(.*)$", line, re.DOTALL)
+    return f"{m.group(1)}: {m.group(2)}" if m else f"user: {line}"
+
+
+def episode_lines(ep: Episode) -> list[str]:
+    """How one recalled episode reads in ``<related_episodes>`` (unescaped): its heading — the
+    session's date, summary and keywords — then each evidence line with the date and speaker."""
+    date = getattr(ep, "date", "")
+    kw = ", ".join(getattr(ep, "keywords", ()) or ())
+    out = [(f"- [{date}] " if date else "- ") + ep.summary + (f" (keywords: {kw})" if kw else "")]
+    evidence = getattr(ep, "evidence", None)
+    if evidence is None:                # a record from before evidence lines: its excerpt
+        evidence = [l for l in (getattr(ep, "excerpt", "") or "").split("\n") if l]
+    for line in evidence:
+        out.append("  …" if line == "…" else (f"  [{date}] " if date else "  ") + _speaker_line(line))
+    return out
+
+
 def _fit(episodes: list[Episode], max_tokens: int) -> list[Episode]:
-    """Episodes (summary, then the matching excerpt) within ``max_tokens``, best first."""
+    """Episodes best first, as ``episode_lines`` renders them, within ``max_tokens`` in all:
+    headings cut to ``HEADING_TOKENS``, evidence to ``EVIDENCE_TOKENS`` per episode; a line
+    already shown for an earlier episode is not repeated, nor an episode whose summary and
+    evidence are both already shown."""
     out: list[Episode] = []
     budget = max_tokens
+    seen_lines: set[str] = set()
+    seen_summaries: set[str] = set()
     for ep in episodes:
-        if ep.excerpt:
-            ep.excerpt = _trim_to_tokens(ep.excerpt, EXCERPT_TOKENS)
-        cost = estimate_tokens(ep.summary) + estimate_tokens(ep.excerpt)
-        if cost > budget:
-            if out and budget < MIN_TRIMMED_TOKENS:
+        ep.summary = _trim_to_tokens(ep.summary, HEADING_TOKENS)
+        lines = [l for l in ep.evidence if l == "…" or " ".join(l.split()) not in seen_lines]
+        while lines and lines[0] == "…":
+            lines.pop(0)
+        ep.evidence = []
+        head = estimate_tokens(episode_lines(ep)[0]) + 1
+        if not lines and ep.summary in seen_summaries:
+            continue
+        if head > budget:
+            if out:
                 break
-            ep.excerpt = ""
-            ep.summary = _trim_to_tokens(ep.summary, budget)
-            cost = estimate_tokens(ep.summary)
+            ep.summary = _trim_to_tokens(ep.summary, max(1, budget - 20))
+            head = estimate_tokens(episode_lines(ep)[0]) + 1
+        room = min(EVIDENCE_TOKENS, budget - head)
+        kept: list[str] = []
+        for line in lines:
+            ep.evidence = [line]
+            cost = estimate_tokens(episode_lines(ep)[1]) + 1
+            if cost > room:
+                if room >= MIN_TRIMMED_TOKENS and line != "…":
+                    prefix = estimate_tokens(episode_lines(ep)[1]) - estimate_tokens(line)
+                    kept.append(_trim_to_tokens(line, room - prefix - 1))
+                    room = 0
+                break
+            kept.append(line)
+            room -= cost
+        while kept and kept[-1] == "…":
+            kept.pop()
+        ep.evidence = kept
+        ep.excerpt = "\n".join(kept)
+        cost = sum(estimate_tokens(l) + 1 for l in episode_lines(ep))
         out.append(ep)
         budget -= cost
-        if budget <= 0:
+        seen_summaries.add(ep.summary)
+        seen_lines.update(" ".join(l.split()) for l in kept)
+        if budget <= MIN_TRIMMED_TOKENS:
             break
     return out
 

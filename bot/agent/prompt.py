@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from bot.agent.persona import persona
+from memory.episodic import episode_lines
 from memory.models import caps
 from memory.similarity import normalise
 from memory.working import LONG_TERM_TAG, SUMMARY_TAG, estimate_tokens
@@ -130,15 +131,10 @@ def volatile_context(blocks: MemoryBlocks, *, today: str = "") -> str:
     as the system prompt's blocks; sent in front of the user's words, after every cached part."""
     sections: list[str] = []
     if blocks.episodes:
-        lines = []
-        for e in blocks.episodes:
-            kw = ", ".join(escape(k) for k in e.keywords)
-            date = getattr(e, "date", "")
-            line = (f"- [{date}] " if date else "- ") + escape(e.summary) + (f" (keywords: {kw})" if kw else "")
-            excerpt = getattr(e, "excerpt", "")
-            if excerpt:       # what was said in that session, where it matched the message
-                line += "\n  said: " + escape(excerpt).replace("\n", " / ")
-            lines.append(line)
+        # each episode: its heading (date, summary, keywords), then the lines said there that
+        # answer the message, with date and speaker (memory.episodic.episode_lines; the budget
+        # is recall's, docs/memory.md)
+        lines = [escape(line) for e in blocks.episodes for line in episode_lines(e)]
         sections.append(fence("related_episodes", "\n".join(lines)))
     if today:
         sections.append(f"Today is {today}.")

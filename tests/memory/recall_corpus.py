@@ -198,6 +198,26 @@ def corpus(seed: int = 19, users: int = 4, sessions_per_user: int = 8) -> Corpus
     return out
 
 
+def evidence_words(session: Session, question: str) -> set[str]:
+    """The words that answer ``question``: the session line sharing most words with it (the
+    labelled evidence turn, filler excluded) minus the question's own words — e.g. the city in
+    "{a}下个月要去{b}参加少儿钢琴比赛" for "{a}的钢琴比赛在哪个城市？". Empty when no line shares a word."""
+    from memory.episodic import search_terms
+
+    asked = set(search_terms(question))
+    filler = set(FILLER[session.lang])
+    best: tuple[int, set[str]] = (0, set())
+    for line in session.lines:
+        if line in filler:
+            continue
+        terms = set(search_terms(line))
+        shared = len(terms & asked)
+        if shared > best[0]:
+            best = (shared, terms)
+    answer = best[1] - asked
+    return answer or best[1]
+
+
 def topic_summary(session: Session) -> str:
     """What a summary of the session keeps at the least: its first two lines (its topic).
     The details said later are in the turns only — the case the turn index is for."""

@@ -111,3 +111,36 @@ async def test_deleting_a_session_deletes_its_episode_and_its_turns(store, db):
     row = await db.fetchone("SELECT COUNT(*) AS n FROM episode_chunks")
     assert row["n"] == 0
 
+
+
+async def test_recall_injects_the_matching_lines_with_neighbours_within_the_budget(store):
+    # issue 31: the words that answer the question reach the model — the line that holds them,
+    # with one neighbour either side, dated and with its speaker; not only the summary
+    from memory.episodic import RECALL_BUDGET_TOKENS, episode_lines, estimate_tokens
+
+    filler = [f"Work was busy again today, meeting number {i}." for i in range(20)]
+    lines = ["I'm planning a trip to Japan.", *filler[:9], "Before that I renewed my passport.",
+             "I started pottery classes last month at a studio called Clay Corner.",
+             "The teacher is a retired architect.", *filler[9:]]
+    ep = await store.write(session_id="s1", user_id="u", chat_type="p2p", summary="The user plans a trip to Japan.",
+                           turn_count=len(lines), turns=lines, started_at=1_760_000_000, ended_at=1_760_003_600)
+    await store.write(session_id="s2", user_id="u", chat_type="p2p", summary="The user moved flats.",
+                      turn_count=3, turns=["We moved to a new flat.", "The pottery studio is now closer.", "ok"])
+    for i in range(4):
+        await store.write(session_id=f"o{i}", user_id="u", chat_type="p2p", summary=f"Taxes, part {i}.",
+                          turn_count=2, turns=["taxes again", "more taxes"])
+    got = await store.recall(Scope("u", "oc_u", "p2p"), "Where do I take my pottery classes?")
+    assert got and got[0].id == ep.id
+    rendered = [line for e in got for line in episode_lines(e)]
+    assert rendered[0] == "- [2025-10-09] The user plans a trip to Japan." + rendered[0][len(
+        "- [2025-10-09] The user plans a trip to Japan."):]                        # the summary heads it
+    assert got[0].evidence == ["Before that I renewed my passport.",
+                               "I started pottery classes last month at a studio called Clay Corner.",
+                               "The teacher is a retired architect."]          # the line and its neighbours
+    assert "  [2025-10-09] user: I started pottery classes last month at a studio called Clay Corner." in rendered
+    assert not any("meeting number" in line for line in rendered)             # not the rest of the session
+    # several sessions when several match, no line twice, within the budget
+    assert estimate_tokens("\n".join(rendered)) <= RECALL_BUDGET_TOKENS
+    assert len(rendered) == len(set(rendered))
+    tight = await store.recall(Scope("u", "oc_u", "p2p"), "Where do I take my pottery classes?", max_tokens=60)
+    assert estimate_tokens("\n".join(line for e in tight for line in episode_lines(e))) <= 60
