@@ -169,11 +169,15 @@ def _user(value: str | None, what: str = "--user") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Memory is personal: whatever the shell's umask, what Ethan creates (the database, its
+    # WAL, backups, exports, logs) is its user's only: directories 0700, files 0600.
+    os.umask(0o077)
     try:
         settings = load_settings()
     except ConfigError as e:
         print(f"ethan: configuration error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    _private_home(settings.ethan_home)
     command = args.command
     resume = args.resume if command in (None, "chat") else None
     if command == "chat" and args.chat_resume:
@@ -197,6 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         return _run(lambda: _db_copy(settings, args), settings)
     print(f"ethan: unknown command {command!r}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def _private_home(home: Path) -> None:
+    """ETHAN_HOME 0700, also when an earlier version (or a umask of 022) made it 0755."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if home.stat().st_uid == os.geteuid() and home.stat().st_mode & 0o077:
+            home.chmod(0o700)
+    except OSError:
+        pass    # reported by whatever needs the folder, with its path
 
 
 def _loop_factory():
@@ -619,7 +633,13 @@ async def _db_copy(settings: Settings, args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 async def _backup(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.db import check_file
+    from memory.db import check_file, is_database_url
+
+    if is_database_url(settings.database_target):
+        # SQLite's online backup API has no PostgreSQL counterpart here: the server's own
+        # tool makes the consistent copy (docs/operations.md "Backup and restore").
+        raise CliError(f"ethan: backup copies a SQLite file; this is {_database_name(settings)}: "
+                       'use pg_dump -Fc "$ETHAN_DATABASE_URL" > ethan.dump (docs/operations.md)')
 
     target = Path(args.path).expanduser()
     if target.is_dir() or args.path.endswith(("/", os.sep)):

@@ -525,6 +525,16 @@ def _writer(path: Path, stop: threading.Event, done: list[int]) -> None:
         conn.close()
 
 
+def test_backup_on_postgresql_says_use_pg_dump_in_one_line(home, tmp_path, monkeypatch, capsys):
+    """(issue 30) It died with AttributeError; no server is contacted to say so."""
+    monkeypatch.setenv("ETHAN_DATABASE_URL", "postgresql://ethan:secret@127.0.0.1:1/ethan")
+    assert main(["backup", str(tmp_path / "copy.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pg_dump" in err and "Traceback" not in err
+    assert "secret" not in err and "PostgreSQL 127.0.0.1:1/ethan" in err
+    assert not (tmp_path / "copy.db").exists()
+
+
 def test_backup_while_another_connection_writes(home, tmp_path, capsys):
     import asyncio
 

@@ -32,6 +32,7 @@ from typing import Any
 import openai
 
 from bot.llm.policy import (
+    refused_cause,
     StructuredModes, json_instruction, log, parse_json_object, parse_retry_after, policy_turn,
 )
 from memory.llm import ModelFailure, ModelRequest, ModelResponse, OnText, StopReason, Usage
@@ -84,6 +85,11 @@ def classify(exc: BaseException) -> ModelFailure:
         if status == 404:
             return ModelFailure("not_found", text, status)
         return ModelFailure("bad_request", text, status)
+    refused = refused_cause(exc)
+    if refused:
+        # The SDK's aiohttp transport files a refused connect under APITimeoutError
+        # (httpx2.ConnectTimeout): the cause says what happened, in milliseconds, not a timeout.
+        return ModelFailure("connection", refused)
     if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
         return ModelFailure("timeout", str(exc) or type(exc).__name__)
     if isinstance(exc, openai.APIConnectionError):

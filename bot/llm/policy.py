@@ -22,6 +22,20 @@ from memory.models import caps
 log = get_logger("ethan.model")
 
 
+def refused_cause(exc: BaseException) -> str:
+    """The refused or failed connect behind a transport error, however the SDK filed it
+    (a timeout, a connection error): its text, or "" when nothing in the cause chain is one."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, (ConnectionRefusedError, ConnectionResetError)) or (
+                isinstance(cur, OSError) and "Connect call failed" in str(cur)):
+            return f"connection refused: {cur}" if isinstance(cur, ConnectionRefusedError) else str(cur)
+        cur = cur.__cause__ or cur.__context__
+    return ""
+
+
 async def with_policy(call: Callable[[], Awaitable[Any]], *, deadline: float,
                       classify: Callable[[BaseException], ModelFailure], model: str) -> Any:
     """Run ``call`` under ``deadline`` (a ``time.monotonic()`` instant) with our 429 retries."""

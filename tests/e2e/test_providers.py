@@ -192,6 +192,10 @@ async def test_wrong_key_and_unreachable_endpoint_name_the_setting(tmp_path):
                        openai_base_url=f"http://127.0.0.1:{_closed_port()}/v1") as h:
         status, body = await healthz(h)
         assert status == 503 and body["model_problem"].startswith("OPENAI_BASE_URL: cannot reach")
+        # refused in milliseconds: a refused connection, not a timeout (the SDK's aiohttp
+        # transport files it under APITimeoutError; its cause says Connect call failed)
+        assert "(provider openai, connection)" in body["model_problem"], body["model_problem"]
+        assert "Connect call failed" in body["model_problem"] and "timeout" not in body["model_problem"]
 
 
 async def test_the_start_up_check_covers_fallback_and_consolidation_models(tmp_path):
