@@ -40,6 +40,7 @@ from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.text import is_chinese
 from bot.tools import memory_tools
+from bot.tools.mcp import McpServers
 from bot.tools.registry import ToolRegistry
 from bot.metrics import Metrics
 from memory.outbox import Outbox
@@ -120,6 +121,9 @@ class EthanApp:
         self._bot_open_id = ""
         self._identity = asyncio.Event()
         self.models: Models | None = None
+        self.tools: ToolRegistry | None = None
+        self.mcp: McpServers | None = None
+        self.mcp_ping_seconds = 15.0     # how soon an idle MCP server's death is noticed
         # The model's state for /healthz: None until checked; "" when fine; else the one line
         # naming the setting (a wrong key, an unknown model, an unreachable endpoint).
         self.model_problem: str | None = None
@@ -187,7 +191,14 @@ class EthanApp:
                              queue=self.queue)
         # Every close (idle sweep, /new, /resume, idle-on-append) writes the episode off the reply path.
         sessions.add_close_listener(self.queue.request_episode)
-        self.tools = ToolRegistry([memory_tools()], on_call=self.metrics.count_tool)
+        self.tools = ToolRegistry([memory_tools()], policy=s.tools.policy(), on_call=self.metrics.count_tool,
+                                  max_result_chars=s.tools.max_result_chars)
+        # MCP servers (config.yaml mcp_servers:): connected before the port serves chats; one
+        # that fails is logged, shown in /healthz, retried, and its tools are simply not offered.
+        self.mcp = McpServers(s.mcp_servers, ping_seconds=self.mcp_ping_seconds)
+        for server in self.mcp.servers:
+            self.tools.add(server)
+        await self.mcp.start()
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
                            on_failure=self._on_model_failure, on_call=self.metrics.model_calls.inc,
                            tools=self.tools)
@@ -573,6 +584,8 @@ class EthanApp:
                 await self.inbox.release_all()
             except Exception as e:  # noqa: BLE001 - the leases expire by themselves
                 log.warning("replica.release_failed", replica=self.inbox.owner, error=str(e)[:200])
+        if self.mcp is not None:       # stdio servers end with us (and after SIGKILL: mcp_child.py)
+            await self.mcp.stop()
         if self.queue is not None:
             remaining = max(1.0, deadline - (time.monotonic() - t0))
             await self.queue.drain(remaining)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -68,6 +69,10 @@ class Settings(BaseSettings):
     ethan_fallback_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # config.yaml `providers:` — name: {kind: anthropic|openai, base_url, api_key_env}
     providers: dict[str, "ProviderConfig"] = Field(default_factory=dict)
+    # config.yaml `mcp_servers:` — name: {command, args, env} (stdio) or {url, headers} (HTTP);
+    # `tools:` — which tools are offered where (bot/tools/registry.py ToolPolicy)
+    mcp_servers: dict[str, "McpServerConfig"] = Field(default_factory=dict)
+    tools: "ToolsConfig" = Field(default_factory=lambda: ToolsConfig())
 
     # Ethan
     ethan_home: Path = Field(default_factory=lambda: Path.home() / ".ethan")
@@ -179,6 +184,18 @@ class Settings(BaseSettings):
             if not str(name) or ":" in str(name) or str(name) in BUILTIN_PROVIDERS:
                 raise ValueError(f"{name!r}: a provider name is a plain word other than "
                                  f"{' / '.join(BUILTIN_PROVIDERS)}")
+        return v
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _mcp_servers(cls, v: Any) -> Any:
+        if v is None or v == "":
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping of name: {command, args, env} or {url, headers}")
+        for name in v:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,23}", str(name)):
+                raise ValueError(f"{name!r}: an MCP server name is 1-24 of a-z 0-9 _ - (it prefixes its tools)")
         return v
 
     @field_validator("lark_domain", "anthropic_base_url", "openai_base_url")
@@ -382,6 +399,56 @@ class ProviderConfig(BaseModel):
         if v and not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v
+
+
+class McpServerConfig(BaseModel):
+    """One entry of config.yaml's ``mcp_servers:`` (README "Tools and MCP servers")."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: str = ""                 # stdio: the program, its args and extra env
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)      # values may say ${VAR}
+    cwd: str = ""
+    url: str = ""                     # streamable HTTP: the endpoint (…/mcp) and headers
+    headers: dict[str, str] = Field(default_factory=dict)  # values may say ${VAR}
+    timeout: float = Field(default=30.0, gt=0, le=600)     # per call and for start-up
+    read_only: bool | None = None     # None: the server's readOnlyHint per tool
+    read_only_tools: list[str] = Field(default_factory=list)
+
+    @field_validator("env", "headers", mode="before")
+    @classmethod
+    def _strings(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {str(k): str(x) for k, x in v.items()}
+        return v
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> "McpServerConfig":
+        if bool(self.command) == bool(self.url):
+            raise ValueError("give either command (stdio) or url (streamable HTTP)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
+
+
+class ToolsConfig(BaseModel):
+    """config.yaml ``tools:`` — the tool policy (docs/operations.md "Tools")."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Side-effecting tools in groups: off by default (p2p only); on, each call waits for the
+    # asker's click on a confirm card.
+    side_effects_in_groups: bool = False
+    chat_types: dict[str, list[Literal["p2p", "group"]]] = Field(default_factory=dict)  # provider/tool -> where
+    admins_only: list[str] = Field(default_factory=list)    # tool or provider names
+    disabled: list[str] = Field(default_factory=list)       # tool or provider names
+    lark_docs: bool = True            # the built-in Feishu documents reader
+    max_result_chars: int = Field(default=16_000, ge=500, le=200_000)
+
+    def policy(self):
+        from bot.tools.registry import ToolPolicy
+        return ToolPolicy(side_effects_in_groups=self.side_effects_in_groups,
+                          chat_types={k: tuple(v) for k, v in self.chat_types.items()},
+                          admins_only=frozenset(self.admins_only), disabled=frozenset(self.disabled))
 
 
 @dataclass(frozen=True, slots=True)

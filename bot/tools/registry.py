@@ -70,10 +70,10 @@ class ToolPolicy:
     Defaults: read-only tools everywhere, side-effecting tools in p2p only (in a group they
     would need the asker's click); ``providers`` limits a provider to chat types; ``admins_only``
     names tools or providers only admins get; ``disabled`` names tools or providers never
-    offered."""
+    offered. ``chat_types`` limits a tool or a whole provider to ``p2p`` / ``group``."""
 
     side_effects_in_groups: bool = False
-    providers: dict[str, tuple[str, ...]] = field(default_factory=dict)   # provider -> chat types
+    chat_types: dict[str, tuple[str, ...]] = field(default_factory=dict)  # tool or provider -> chat types
     admins_only: frozenset[str] = frozenset()
     disabled: frozenset[str] = frozenset()
 
@@ -82,7 +82,7 @@ class ToolPolicy:
             return False
         if (tool.name in self.admins_only or provider in self.admins_only) and not is_admin:
             return False
-        kinds = self.providers.get(provider)
+        kinds = self.chat_types.get(tool.name, self.chat_types.get(provider))
         if kinds is not None and _kind(chat_type) not in kinds:
             return False
         if not tool.read_only and not tool.own_scope and _kind(chat_type) != "p2p":

@@ -82,6 +82,9 @@ def setup_health(web_app: web.Application, ethan: Probed) -> None:
             **({"model_problem": problem} if problem else {}),
             "offline_model": s.offline_model,
             "consolidation_queue": ethan.queue.depth if ethan.queue else 0,
+            # each MCP server: ok, tool count, restarts, and the problem when not ok (Ethan
+            # answers without a failed server's tools; it is not a reason to be unready)
+            "mcp_servers": ethan.mcp.status() if getattr(ethan, "mcp", None) is not None else {},
             "uptime_s": round(time.time() - ethan.started_at, 1) if ethan.started_at else 0,
         }
         return web.json_response(body, status=200 if ready else 503)
