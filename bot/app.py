@@ -118,6 +118,9 @@ class EthanApp:
         self._db_failures: dict[int, list] = {}    # inbox id -> [first failure (monotonic), attempts, told]
         self._waiting: set[int] = set()            # inbox ids a retry timer will submit again
         self.replicas: Replicas | None = None      # a shared (PostgreSQL) database: leases
+        self.schedules = None                      # memory.schedules.ScheduleStore
+        self.reminders = None                      # bot.reminders.Reminders (tools, /reminders)
+        self.scheduler = None                      # bot.scheduler.Scheduler: the one reminder task
         self._bot_open_id = ""
         self._identity = asyncio.Event()
         self.models: Models | None = None
@@ -202,8 +205,20 @@ class EthanApp:
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
                            on_failure=self._on_model_failure, on_call=self.metrics.model_calls.inc,
                            tools=self.tools)
+        from bot.reminders import Limits, Reminders
+        from bot.timezones import UserZones
+        from bot.tools.schedule import ReminderTools
+        from memory.schedules import ScheduleStore
+
+        self.schedules = ScheduleStore(self.db, owner=s.replica_id or None)
+        self.zones = UserZones(None, profile, s.ethan_timezone)     # Lark's contact API once connected
+        self.reminders = Reminders(self.schedules, self.zones, Limits(
+            per_user=s.ethan_reminders_per_user, horizon_days=s.ethan_reminder_horizon_days,
+            grace_hours=s.ethan_reminder_grace_hours), wake=lambda: self.scheduler and self.scheduler.wake())
+        self.tools.add(ReminderTools(self.reminders))      # schedule_message, list_schedules, cancel_schedule
         self.commands = Commands(CommandDeps(memory=self.memory, is_admin=s.is_admin,
-                                             bot_open_id=self.bot_open_id, runtime=self._runtime))
+                                             bot_open_id=self.bot_open_id, runtime=self._runtime,
+                                             reminders=self.reminders))
         # A PostgreSQL database may be shared by any number of replicas: rows and conversations
         # are leased (bot/replicas.py). A SQLite file serves one process, which answers all of it.
         shared = self.db.dialect == "postgres"
@@ -227,6 +242,7 @@ class EthanApp:
             # closed by lark_api.aclose() in stop().
             self.lark_api = OpenApi(s.lark_app_id, s.lark_app_secret, s.lark_domain, timeout=10.0)
             self.sender = LarkSender(self.lark_api)
+        self.zones.api = self.lark_api
         # Group speakers' names: looked up in Lark when connected (the console names its own).
         self.names = deps.names = CachedNames(self.lark_api)
         # Lark beyond text: the registry's other events, and attachments (issue 20).
@@ -278,6 +294,13 @@ class EthanApp:
         if self.recover_inbox:
             await self._recover_inbox()
         self._spawn(self._housekeeping(), "housekeeping")
+        if self.sender is not None and self.recover_inbox:    # `ethan chat` beside a server sends none
+            from bot.scheduler import LarkDelivery, Scheduler
+
+            self.scheduler = Scheduler(self.schedules, LarkDelivery(self.sender, self.db),
+                                       compose=self._compose_reminder,
+                                       grace_s=s.ethan_reminder_grace_hours * 3600)
+            self.scheduler.start()
         if self.replicas is not None:
             self._spawn(self.replicas.heartbeat(), "replica-heartbeat")
             if self.recover_inbox:      # `ethan chat` beside a server leaves its events alone
@@ -522,6 +545,29 @@ class EthanApp:
             except Exception:  # noqa: BLE001
                 log.exception("housekeeping.failed")
 
+    async def _compose_reminder(self, job) -> str:
+        """A reminder that asked to be written at its time: the model, with its owner's memory
+        (as in the chat where it was set), writes the message; no tools, the reply deadline."""
+        from bot.agent.loop import run_loop
+        from bot.agent.prompt import build_system
+        from bot.tools import ToolContext
+        from memory.scope import Scope
+        from memory.working import ContextView
+
+        scope = Scope(user_id=job.owner_id, chat_id=job.chat_id, chat_type=job.chat_type)
+        m = self.memory
+        blocks = await self.agent.gather(scope, job.text, session_id="", mode="work",
+                                         view=ContextView(long_term="", summary="", hot_turns=[], pending=0))
+        ask = (f"[scheduled message] It is now time for the message the user asked you to send them at "
+               f"this time. Their request: {job.text}\nWrite that message now, to them, in their language, "
+               f"using what you know about them. Only the message.")
+        ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
+                          user_text=job.text, session_id="")
+        result = await run_loop(self.agent.model, system=build_system(blocks),
+                                messages=[{"role": "user", "content": ask}], registry=ToolRegistry([]), ctx=ctx,
+                                on_text=None, deadline=time.monotonic() + self.settings.ethan_reply_deadline)
+        return result.text.strip() or job.text
+
     def _spawn(self, coro, name: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._background.add(task)
@@ -570,6 +616,8 @@ class EthanApp:
             cancelled = await self.dispatcher.stop(deadline)
         if self.parse_pool is not None:       # after the replies: none is parsing any more
             await self.parse_pool.stop()
+        if self.scheduler is not None:        # before the database and the Lark client close
+            await self.scheduler.stop()
         for timer in list(self._timers):      # their items stay pending in the inbox
             timer.cancel()
         self._timers.clear()

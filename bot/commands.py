@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from bot.agent.agent import Memory
 from bot.inbound import Inbound
@@ -72,7 +72,8 @@ HELP = {
         "/rules — 你的行为规则；/rules delete <id> — 删除一条\n"
         "/profile — 你的画像（仅私聊）\n"
         "/mode work | /mode 陪伴 — 切换工作助手 / 陪伴倾听模式\n"
-        "/episodes [关键词] — 你最近的情节记忆，或搜索"
+        "/episodes [关键词] — 你最近的情节记忆，或搜索\n"
+        "/reminders — 你的提醒（id、下次时间）；/reminders cancel <id> — 取消一个"
     ),
     "en": (
         "Commands:\n"
@@ -85,7 +86,8 @@ HELP = {
         "/rules — your behaviour rules; /rules delete <id> — delete one\n"
         "/profile — your profile (direct messages only)\n"
         "/mode work | /mode 陪伴 — switch between work assistant and companion mode\n"
-        "/episodes [words] — your recent episodes, or search them"
+        "/episodes [words] — your recent episodes, or search them\n"
+        "/reminders — your reminders (id, next time); /reminders cancel <id> — cancel one"
     ),
 }
 ADMIN_HELP = {
@@ -169,6 +171,7 @@ class CommandDeps:
     is_admin: Callable[[str], bool]
     bot_open_id: Callable[[], Awaitable[str]]    # the bot's own id: never a /reset user target
     runtime: Callable[[], RuntimeStats]
+    reminders: Any = None                         # bot.reminders.Reminders (None: no reminders)
 
 
 class Commands:
@@ -183,6 +186,7 @@ class Commands:
             "memory": self.show_memory, "forget": self.forget, "rules": self.rules,
             "profile": self.profile, "mode": self.mode, "episodes": self.episodes,
             "reset": self.reset, "stats": self.stats,
+            "reminders": self.reminders, "reminder": self.reminders, "提醒": self.reminders,
         }
         self.admin_only = frozenset({"reset", "stats"})
 
@@ -510,6 +514,38 @@ class Commands:
                      f"{c.get('episodes', 0)} episodes, {c.get('schedules', 0)} reminders, …)"
                      + (f"; {rebuilt} of other members' group episodes no longer hold their words" if rebuilt else "")
                      + ".")
+
+    async def reminders(self, ctx: Ctx) -> str:
+        """``/reminders``: the sender's own (an admin in a group: the chat's, everyone's), with
+        ids, and the occurrences skipped while Ethan was down; ``/reminders cancel <id>``."""
+        from bot.reminders import describe
+        from memory.recurrence import local_iso
+
+        r = self.d.reminders
+        if r is None:
+            return ctx.t("提醒功能未启用。", "Reminders are not available here.")
+        if ctx.args and ctx.args[0].casefold() in ("cancel", "delete", "del", "rm", "取消", "删除"):
+            job_id = parse_id(ctx.args[1]) if len(ctx.args) > 1 else None
+            if job_id is None:
+                return ctx.t("用法：/reminders cancel <id>（/reminders 查看 id）",
+                             "Usage: /reminders cancel <id> (see /reminders for ids)")
+            if not await r.cancel(ctx.scope, job_id, admin=ctx.admin and not ctx.private):
+                return ctx.t(f"没有找到你的提醒 #{job_id}。", f"You have no active reminder #{job_id}.")
+            return ctx.t(f"已取消提醒 #{job_id}。", f"Cancelled reminder #{job_id}.")
+        chat = ctx.admin and not ctx.private
+        jobs = await r.list(ctx.scope, chat=chat)
+        lines = [describe(j, zh=ctx.zh) + (f"  ({tail(j.owner_id)})" if chat and j.owner_id != ctx.user else "")
+                 for j in jobs[:MAX_LISTED]]
+        head = (ctx.t("本群的提醒：", "This chat's reminders:") if chat else ctx.t("你的提醒：", "Your reminders:"))
+        out = [head, *lines] if lines else [ctx.t("没有待发的提醒。", "No reminders pending.")]
+        missed = await r.missed(ctx.scope)
+        if missed:
+            out.append(ctx.t("错过的（Ethan 当时未运行，已超过宽限时间，未发送）：",
+                             "Missed (Ethan was not running and the grace window had passed; not sent):"))
+            out += [f"#{j.id} {local_iso(d.due_at, j.tz)} — {short(j.text, 60)}" for j, d in missed[:10]]
+        if lines:
+            out.append(ctx.t("取消：/reminders cancel <id>", "Cancel one: /reminders cancel <id>"))
+        return "\n".join(out)
 
     async def stats(self, ctx: Ctx) -> str:
         t = await Stats(self.db).totals()

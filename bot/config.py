@@ -97,6 +97,14 @@ class Settings(BaseSettings):
     # networks); nobody else's are — anyone can send those headers.
     ethan_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
+    # Reminders (bot/scheduler.py, bot/reminders.py): the zone of a user whose zone neither
+    # Lark's contact API nor the profile gives; an occurrence missed by more than the grace
+    # window (Ethan down) is skipped and listed in /reminders instead of sent late; limits.
+    ethan_timezone: str = "Asia/Shanghai"
+    ethan_reminder_grace_hours: float = Field(default=6.0, ge=0, le=24 * 30)
+    ethan_reminders_per_user: int = Field(default=50, ge=1, le=10_000)
+    ethan_reminder_horizon_days: int = Field(default=366, ge=1, le=3660)
+
     # Tuning (documented in .env.example; defaults are what a new user wants)
     ethan_reply_deadline: float = Field(default=60.0, gt=0)      # overall deadline per reply (s)
     ethan_session_idle_hours: float = Field(default=6.0, gt=0)
@@ -131,6 +139,16 @@ class Settings(BaseSettings):
             scheme = v.split("://", 1)[0] if "://" in v else v[:20]
             raise ValueError(f"{scheme!r} is not a supported database: use postgresql://user:password@host:5432/db,"
                              " or leave it empty for SQLite at $ETHAN_HOME/ethan.db")
+        return v
+
+    @field_validator("ethan_timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError) as e:
+            raise ValueError(f"ETHAN_TIMEZONE={v!r} is not an IANA time zone (e.g. Asia/Shanghai)") from e
         return v
 
     @field_validator("ethan_admins", mode="before")

@@ -188,6 +188,16 @@ class ScheduleStore:
             "SELECT MIN(next_due) FROM schedules WHERE state = 'active' AND next_due IS NOT NULL")
         return None if r is None or r[0] is None else float(r[0])
 
+    async def next_wake(self, now: float) -> float | None:
+        """When a claim could next be made: the earliest due time of a free job, or the end of
+        a live lease on a due one (its holder may die) — so a sleeper never spins on a job
+        another replica holds."""
+        r = await self.db.fetchone(
+            "SELECT MIN(CASE WHEN claim_owner IS NOT NULL AND lease_until >= ? AND next_due <= lease_until"
+            " THEN lease_until ELSE next_due END) FROM schedules WHERE state = 'active' AND next_due IS NOT NULL",
+            (now,))
+        return None if r is None or r[0] is None else float(r[0])
+
     # -- claiming and recording occurrences -----------------------------------------
     async def claim_due(self, *, limit: int = 50) -> list[Schedule]:
         """Claim active jobs due now that nobody holds (unclaimed or lease expired), earliest
