@@ -70,7 +70,7 @@ async def test_sigkill_just_before_the_due_time_delivers_once_after_restart_mark
     srv = server(home)
     await srv.start_ready()
     await srv.terminate()
-    job = await _add(home, 8, "call the client")
+    job = await _add(home, 20, "call the client")    # far enough for a slow start under load
     await srv.start_ready()
     await wait_until(lambda: time.time() > job.next_due - 1.5, 30, "just before the due time")
     srv.kill()
