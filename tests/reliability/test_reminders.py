@@ -49,7 +49,7 @@ async def test_a_one_shot_in_p2p_arrives_once_at_its_time(tmp_path, server, lark
     srv = server(home)
     await srv.start_ready()
     await srv.terminate()          # migrated; the job is stored while it is down, then it starts
-    job = await _add(home, 6, "给客户回电话")
+    job = await _add(home, 20, "给客户回电话")      # due after a start slowed by load
     await srv.start_ready()
     await wait_until(lambda: _sent(lark, "oc_p2p_rem"), 30, "the reminder")
     [msg] = _sent(lark, "oc_p2p_rem")
@@ -90,8 +90,8 @@ async def test_reminders_lists_and_cancel_stops_it_and_a_group_one_mentions_its_
     srv = server(home)
     await srv.start_ready()
     await srv.terminate()
-    cancelled = await _add(home, 10, "will be cancelled")
-    kept = await _add(home, 10, "weekly report", chat_id="oc_group_rem", chat_type="group")
+    cancelled = await _add(home, 25, "will be cancelled")
+    kept = await _add(home, 25, "weekly report", chat_id="oc_group_rem", chat_type="group")
     await srv.start_ready()
     async with aiohttp.ClientSession() as http:
         async def command(text: str) -> str:
