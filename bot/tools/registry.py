@@ -136,6 +136,7 @@ class ToolRegistry:
         self.policy = policy or ToolPolicy()
         self.on_call = on_call
         self.max_result_chars = max_result_chars
+        self._validators: dict[str, tuple[dict, Any]] = {}
         for p in providers:
             self.add(p)
 
@@ -172,13 +173,13 @@ class ToolRegistry:
                               "error", started)
         provider, tool = entry
         args = block.get("input") or {}
-        try:
-            jsonschema.validate(args, tool.input_schema)
-        except jsonschema.ValidationError as e:
-            where = ".".join(str(x) for x in e.absolute_path) or "input"
-            return self._done(tid, name, f"invalid arguments — {where}: {e.message[:300]}", "error", started)
-        except jsonschema.SchemaError:
-            pass   # a server's own bad schema: let the server judge the arguments
+        validator = self._validator(tool)
+        if validator is not None:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+            if error is not None:
+                where = ".".join(str(x) for x in error.absolute_path) or "input"
+                return self._done(tid, name, f"invalid arguments — {where}: {error.message[:300]}",
+                                  "error", started)
         if self.policy.needs_confirmation(tool, ctx.scope.chat_type):
             if ctx.confirm is None or not await ctx.confirm(name, args):
                 return self._done(tid, name, "the user did not confirm this action; it was not run. "
@@ -198,6 +199,20 @@ class ToolRegistry:
             return self._done(tid, name, f"the tool failed ({e.__class__.__name__}: {str(e)[:200]}); "
                               "tell the user it did not work", "error", started)
         return self._done(tid, name, str(text), "ok", started)
+
+    def _validator(self, tool: ToolDef):
+        """The schema's validator, checked and built once per schema (not per call)."""
+        cached = self._validators.get(tool.name)
+        if cached is not None and cached[0] is tool.input_schema:
+            return cached[1]
+        try:
+            cls = jsonschema.validators.validator_for(tool.input_schema)
+            cls.check_schema(tool.input_schema)
+            validator = cls(tool.input_schema)
+        except jsonschema.SchemaError:
+            validator = None   # a server's own bad schema: let the server judge the arguments
+        self._validators[tool.name] = (tool.input_schema, validator)
+        return validator
 
     def _done(self, tid: str, name: str, text: str, outcome: str, started: float) -> ToolOutcome:
         if self.on_call is not None:
