@@ -13,11 +13,11 @@ answer that follows describes the image; a replay reads those, it does not re-se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 from bot import readers
-from bot.inbound import Attachment, Inbound
+from bot.inbound import Attachment, Inbound, Material
 from bot.parse_pool import ParseFailed, ParsePool
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024     # Lark's own cap on an image message
@@ -81,7 +81,7 @@ def _mb(n: int) -> str:
 class Fetched:
     data: bytes = b""
     media_type: str = ""
-    text: str = ""             # a forwarded bundle, already flattened by the transport
+    material: tuple[Material, ...] = ()   # a forwarded bundle's children (the transport's)
 
 
 Fetch = Callable[[Inbound, Attachment], Awaitable[Fetched]]
@@ -89,11 +89,13 @@ Fetch = Callable[[Inbound, Attachment], Awaitable[Fetched]]
 
 @dataclass
 class Prepared:
-    """The turn's extra content: image blocks for the model, text to append to the user's
-    words (stored in history too), notes for the user about what was cut."""
+    """The turn's extra content: image blocks for the model, references to append to the
+    user's words (``[文件 file a.pdf]``), and the third-party text itself as ``material``
+    (a file's text, a forward's children) — fenced as data, never the user's own words."""
 
     images: list[dict] = field(default_factory=list)
     text: str = ""
+    material: list[Material] = field(default_factory=list)
     cut: bool = False
     image_bytes: int = 0
     skipped: list = field(default_factory=list)   # AttachmentErrors of a post's images (logged)
@@ -143,16 +145,23 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePo
                 raise AttachmentError("no_text", att.name, kind="file")
             if cut:
                 out.cut = True
-                parts.append(f"[文件 file {att.name} — 只读了前 {MAX_FILE_CHARS} 字 / first {MAX_FILE_CHARS} characters only]\n{text}")
+                parts.append(f"[文件 file {att.name} — 只读了前 {MAX_FILE_CHARS} 字 / first {MAX_FILE_CHARS} characters only]")
             else:
-                parts.append(f"[文件 file {att.name}]\n{text}")
+                parts.append(f"[文件 file {att.name}]")
+            out.material.append(Material("file", source=att.name, text=text))
         elif att.kind == "forward":
             got = await fetch(inbound, att)
-            text = got.text
-            if len(text) > MAX_FILE_CHARS:
-                text = text[:MAX_FILE_CHARS]
-                out.cut = True
-            parts.append(f"[合并转发 forwarded messages]\n{text}")
+            budget = MAX_FILE_CHARS
+            for m in got.material:
+                if budget <= 0:
+                    out.cut = True
+                    break
+                if len(m.text) > budget:
+                    m = replace(m, text=m.text[:budget])
+                    out.cut = True
+                budget -= len(m.text)
+                out.material.append(m)
+            parts.append(f"[合并转发 forwarded messages — {len(got.material)} 条 / messages]")
     out.text = "\n\n".join(parts)
     return out
 

@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from dataclasses import replace
 
 from bot.agent.agent import Agent, UserTurn
+from bot.agent.prompt import with_material
 from bot.attachments import AttachmentError, Fetch, prepare, refusal
 from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
@@ -221,7 +222,8 @@ class MessageHandler:
                 await reply.finish(refusal(e.reason, str(e.fields.get("kind", "file")), chinese=chinese,
                                            ext=f".{ext}" if ext else ""))
                 return
-            inbound = replace(inbound, text="\n\n".join(x for x in (inbound.text, prepared.text) if x))
+            inbound = replace(inbound, text="\n\n".join(x for x in (inbound.text, prepared.text) if x),
+                              material=inbound.material + tuple(prepared.material))
             for e in prepared.skipped:
                 bound.warning("attachment.skipped", reason=e.reason, detail=e.detail[:200], **e.fields)
             bound.info("attachment.read", kinds=[a.kind for a in inbound.attachments],
@@ -248,7 +250,9 @@ class MessageHandler:
                     name = inbound.sender_name
                     if not name and d.names is not None:
                         name = await d.names.name(inbound.sender_id)
-                text, images = inbound.text, tuple(prepared.images) if prepared is not None else ()
+                # The user's words, then what is not theirs fenced as data (stored so, too).
+                text = with_material(inbound.text, inbound.material)
+                images = tuple(prepared.images) if prepared is not None else ()
                 if inbound.parent_id and d.quote is not None:
                     # The quoted message is data after the user's words (its image, if any,
                     # goes with this request only); an unreadable one becomes a short note.

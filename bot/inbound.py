@@ -53,6 +53,23 @@ class Mention:
     kind: str                 # user | bot | all
 
 
+MATERIAL_KINDS = frozenset({"forward", "file", "document", "quoted", "group", "tool"})
+
+
+@dataclass(frozen=True, slots=True)
+class Material:
+    """Text that came with a message but is not the sender's own words — a forwarded message,
+    a file's or document's text, a quoted message, group discussion, a tool's result. It
+    reaches the model fenced as data (``bot.agent.prompt.fence_material``) and is never a
+    source of the sender's facts or profile (memory/untrusted.py)."""
+
+    kind: str                 # one of MATERIAL_KINDS
+    source: str = ""          # where it came from: a file name, a message id, a tool name
+    author: str = ""          # who wrote it (display name), "" when unknown
+    when: str = ""            # ISO time, "" when unknown
+    text: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Inbound:
     transport: str            # lark | console | terminal | chat
@@ -75,6 +92,7 @@ class Inbound:
     mentions_all: bool = False
     create_time: float = 0.0     # seconds since epoch, as the transport reports
     content_error: str = ""      # why content could not be read, for the log
+    material: tuple[Material, ...] = ()   # third-party text with the message (fenced as data)
 
     @property
     def conv_key(self) -> str:

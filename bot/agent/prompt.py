@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from bot.agent.persona import persona
+from bot.inbound import Material
 from memory.episodic import episode_lines
 from memory.models import caps
 from memory.similarity import normalise
+from memory.untrusted import TAG as UNTRUSTED_TAG
 from memory.working import LONG_TERM_TAG, SUMMARY_TAG, estimate_tokens
 
 MAX_BREAKPOINTS = 4             # Anthropic refuses a request with more
@@ -51,6 +53,25 @@ def escape(text: str) -> str:
 
 def fence(tag: str, body: str) -> str:
     return f"<{tag}>\n{body}\n</{tag}>"
+
+
+def fence_material(*items: Material) -> str:
+    """Third-party material (``bot.inbound.Material``) as data, one fence per item, joined by
+    blank lines: ``<untrusted_content kind="…" source="…" author="…" time="…">escaped
+    text</untrusted_content>``. Attributes and text are escaped, so the material cannot close
+    its fence, forge another or a speaker line; memory/untrusted.py recognises the form (the
+    consolidator never takes the user's facts from it)."""
+    a = lambda v: html.escape(v or "", quote=True)  # noqa: E731
+    return "\n\n".join(
+        f'<{UNTRUSTED_TAG} kind="{a(m.kind)}" source="{a(m.source)}" author="{a(m.author)}" '
+        f'time="{a(m.when)}">{escape(m.text)}</{UNTRUSTED_TAG}>' for m in items)
+
+
+def with_material(text: str, material: Sequence[Material]) -> str:
+    """The user's words, then their material fenced (what is stored and what the model reads)."""
+    if not material:
+        return text
+    return "\n\n".join(x for x in (text, fence_material(*material)) if x)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ import json
 from typing import Any
 
 from bot.attachments import MAX_FILE_BYTES, MAX_IMAGE_BYTES, AttachmentError, Fetched
-from bot.inbound import Attachment, Inbound
+from bot.inbound import Attachment, Inbound, Material
 from bot.lark.normalize import epoch_seconds, flatten_post
+from memory.speaker import label
 from bot.lark.openapi import Category, LarkApiError, OpenApi, ResourceTooLarge
 
 MAX_CHILDREN = 200      # of one forwarded bundle
@@ -29,7 +30,7 @@ class LarkFetcher:
     async def __call__(self, inbound: Inbound, att: Attachment) -> Fetched:
         try:
             if att.kind == "forward":
-                return Fetched(text=await self.forward_text(att.ref))
+                return Fetched(material=await self.forward_material(att.ref))
             cap = MAX_IMAGE_BYTES if att.kind == "image" else MAX_FILE_BYTES
             data, ctype = await self.api.download(inbound.message_id, att.ref,
                                                   kind="image" if att.kind == "image" else "file",
@@ -41,20 +42,30 @@ class LarkFetcher:
             reason = "forbidden" if e.category is Category.PERMISSION else "unreachable"
             raise AttachmentError(reason, e.msg[:200], kind=att.kind, **e.log_fields()) from e
 
-    async def forward_text(self, message_id: str) -> str:
+    async def forward_material(self, message_id: str) -> tuple[Material, ...]:
+        """A merged forward's children, one ``Material`` each: its sender's name and time are
+        attributes of its own fence, so a child's newlines or a display name cannot fake
+        another speaker's line."""
         data = await self.api.request("GET", f"/open-apis/im/v1/messages/{message_id}")
         items = [i for i in data.get("items") or [] if isinstance(i, dict)
                  and i.get("upper_message_id") == message_id][:MAX_CHILDREN]
-        lines = []
+        out = []
         for it in items:
             sender = (it.get("sender") or {}).get("id", "")
             name = ""
             if self.names is not None and sender:
                 name = await self.names.name(sender)
             when = epoch_seconds(str(it.get("create_time") or ""))
-            stamp = dt.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M") if when else ""
-            lines.append(f"[{stamp}] {name or sender or '?'}: {_child_text(it)}")
-        return "\n".join(lines)
+            stamp = dt.datetime.fromtimestamp(when).isoformat(timespec="minutes") if when else ""
+            out.append(Material("forward", source=str(it.get("message_id") or message_id),
+                                author=name or sender or "", when=stamp, text=_child_text(it)))
+        return tuple(out)
+
+    async def forward_text(self, message_id: str) -> str:
+        """The children as one text (a quoted forward): labelled lines, escaped
+        (memory/speaker.py) so no child or name can produce another speaker's line."""
+        return "\n".join(label(m.text, f"{m.when.replace('T', ' ')} {m.author or '?'}".strip(), ": ")
+                         for m in await self.forward_material(message_id))
 
 
 def _child_text(item: dict) -> str:

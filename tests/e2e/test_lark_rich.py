@@ -261,7 +261,9 @@ async def test_merged_forward_children_reach_the_model_in_one_turn(tmp_path):
         reqs = h.model.chat_requests()
         assert len(reqs) == 1
         text = h.model.last_user_text(reqs[0])
-        assert "Bob: 明天十点开会" in text and "Carol: 我带投影仪" in text
+        # each child fenced as data with its sender (bot.agent.prompt.fence_material)
+        assert 'author="Bob"' in text and 'author="Carol"' in text
+        assert '<untrusted_content kind="forward"' in text
         assert text.index("明天十点开会") < text.index("我带投影仪")
 
 
