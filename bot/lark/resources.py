@@ -16,7 +16,7 @@ from typing import Any
 from bot.attachments import MAX_FILE_BYTES, MAX_IMAGE_BYTES, AttachmentError, Fetched
 from bot.inbound import Attachment, Inbound, Material
 from bot.lark.normalize import epoch_seconds, flatten_post
-from memory.speaker import label
+from memory.speaker import escape_text, safe_name
 from bot.lark.openapi import Category, LarkApiError, OpenApi, ResourceTooLarge
 
 MAX_CHILDREN = 200      # of one forwarded bundle
@@ -62,10 +62,15 @@ class LarkFetcher:
         return tuple(out)
 
     async def forward_text(self, message_id: str) -> str:
-        """The children as one text (a quoted forward): labelled lines, escaped
-        (memory/speaker.py) so no child or name can produce another speaker's line."""
-        return "\n".join(label(m.text, f"{m.when.replace('T', ' ')} {m.author or '?'}".strip(), ": ")
-                         for m in await self.forward_material(message_id))
+        """The children as one text (a quoted forward): ``[time] Name: text`` lines; a name
+        loses brackets and line breaks, a child's further lines are indented (and a leading
+        ``[`` escaped, memory/speaker.py), so no child or name can produce another speaker's line."""
+        lines = []
+        for m in await self.forward_material(message_id):
+            stamp = f"[{m.when.replace('T', ' ')}] " if m.when else ""
+            body = escape_text(m.text).replace("\r", "").replace("\n", "\n    ")
+            lines.append(f"{stamp}{safe_name(m.author) or '?'}: {body}")
+        return "\n".join(lines)
 
 
 def _child_text(item: dict) -> str:
