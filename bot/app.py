@@ -349,9 +349,11 @@ class EthanApp:
     async def _start_http(self) -> None:
         from bot.offline_model import setup_offline_model
         from bot.web.console import ConsoleDeps, setup_console
+        from bot.web.errors import quiet_malformed_requests
         from bot.web.health import setup_health
 
         s = self.settings
+        quiet_malformed_requests()
         setup_health(self.web, self)
         if s.lark_enabled and s.lark_transport == "webhook":
             # Load the cipher now, off the loop: the first requests after a restart (Lark's
@@ -367,7 +369,7 @@ class EthanApp:
             setup_offline_model(self.web, OFFLINE_PATH)
         setup_console(self.web, ConsoleDeps(
             memory=lambda: self.memory, conversations=self.conversations, bot_open_id=self.bot_open_id,
-            auth=self.auth, offline_model=s.offline_model))
+            auth=self.auth, offline_model=s.offline_model, model_problem=lambda: self.model_problem))
         # keepalive_timeout also bounds a connection that never completes its request head
         # (aiohttp arms it at connect; data arriving does not re-arm it); body reads have their
         # own deadline (bot/web/auth.py read_body_within, bot/lark/routes.py). Lingering after

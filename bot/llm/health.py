@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from bot.llm.policy import log
 from memory.llm import ModelFailure
+
+
+def problem_setting(line: str) -> str:
+    """The setting a problem line names first (``OPENAI_API_KEY: rejected by …`` -> OPENAI_API_KEY)."""
+    m = re.match(r"[A-Za-z][\w.]*", line or "")
+    return m.group(0) if m else ""
 
 
 def problem_line(settings: Any, model: Any, kind: str, detail: str = "", model_setting: str = "ETHAN_MODEL") -> str:

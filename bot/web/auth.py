@@ -50,6 +50,10 @@ from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 
+from bot.log import get_logger
+
+log = get_logger("ethan.web")
+
 COOKIE = "ethan_console"
 COOKIE_MAX_AGE = 7 * 24 * 3600
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -188,6 +192,11 @@ class ConsoleAuth:
             return False       # a proxy we do not know: the real client is somewhere else
         return is_loopback_name(self.client(request))
 
+    @staticmethod
+    def bearer(request: web.Request) -> str:
+        auth = request.headers.get("Authorization", "")
+        return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+
     def has_token(self, request: web.Request) -> bool:
         if not self.token:
             return False
@@ -244,6 +253,21 @@ class ConsoleAuth:
             return web.json_response({"type": "error", "error": {"type": "authentication_error",
                                       "message": "the offline model answers this process only"}}, status=401)
         if not self.allowed(request):
+            if self.token and self.bearer(request):
+                # A wrong bearer token: counted with the login form's wrong guesses (the same
+                # address, the same window), logged, and past the limit slowed and refused 429.
+                client = self.client(request)
+                throttled = self.throttled(client)
+                self.failed(client)
+                n = len(self._failures.get(client, ()))
+                if n <= LOGIN_FAILURES + 1 or n % 100 == 0:      # the first throttled one; a flood is not a log flood
+                    log.warning("auth.bad_token", client=client, method=request.method, path=path,
+                                failures=n, throttled=throttled)
+                if throttled:
+                    await self.tarpit()
+                    return secure_headers(web.json_response(
+                        {"error": "too many wrong tokens", "detail": f"wait {int(LOGIN_WINDOW)} s"},
+                        status=429, headers={"Retry-After": str(int(LOGIN_WINDOW))}))
             # A browser's page view is sent to the login form; anything else gets 401 JSON.
             page = (request.method in SAFE_METHODS and not path.startswith("/api/")
                     and path not in MACHINE_PATHS
@@ -337,6 +361,11 @@ def read_body_within(seconds: float = BODY_READ_TIMEOUT_S, *, skip: frozenset = 
             except TimeoutError:
                 resp = web.Response(status=408, text="request body not received in time\n")
                 resp.force_close()
+                return resp
+            except web.HTTPRequestEntityTooLarge:
+                # aiohttp's own answer is plain text; ours is the documented JSON error
+                resp = web.json_response({"error": "the body is larger than 1 MiB"}, status=413)
+                resp.force_close()           # the rest of the body is not read
                 return resp
         return await handler(request)
 

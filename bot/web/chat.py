@@ -22,8 +22,10 @@ stored twice. The same key with another body is refused (422). See bot/direct.py
 
 Access is the console's (``ETHAN_CONSOLE_TOKEN``, bot/web/auth.py); errors are JSON
 ``{"error": …}``: 400 bad JSON or fields (with the reason), 401/403 access, 422 key reused,
-503 not accepting messages or the database unreachable (bot/web/errors.py), 504 no answer
-within the reply deadline.
+503 not accepting messages or the database unreachable (bot/web/errors.py), or
+``{"error": "model_unusable", "kind": …, "reason": "<the line naming the setting>", "setting": …}``
+when the model cannot work (a refused key, an unknown model, an unreachable endpoint, a spent
+budget; the message stays in its session), 504 no answer within the reply deadline.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from aiohttp import web
 
 from bot.direct import NotAccepting
 from bot.inbound import WEB_API, typed_message
+from bot.llm.health import problem_setting
 from bot.log import get_logger
 from bot.web.auth import secure_headers
 from bot.web.data import MAX_TEXT, ApiError, ConsoleData, ConsoleDeps, check_user, read_json
@@ -52,6 +55,9 @@ IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
 KEEP_ANSWERS_S = 24 * 3600
 KEEP_ANSWERS = 10_000
 CHAT_PREFIX = "api_"
+# Failures retrying cannot fix (a refused key, an unknown model, an unreachable endpoint, a
+# spent budget): 503 model_unusable. Passing ones (overloaded, a timeout) keep the apology.
+UNUSABLE = ("auth", "not_found", "connection", "spend_limit")
 
 
 class ChatReply:
@@ -61,6 +67,10 @@ class ChatReply:
         self.text: str | None = None
         self.memory: dict | None = None
         self.deltas: asyncio.Queue[str] | None = asyncio.Queue() if stream else None
+        self.failure = ""          # the model failure's kind when the answer is an apology
+
+    def note_failure(self, kind: str) -> None:
+        self.failure = kind
 
     async def working(self) -> None:
         return None
@@ -165,6 +175,13 @@ class WebChat:
             return 422, {"error": "not answered", "reason": outcome.reason}
         if outcome.status != "answered":
             return 504, {"error": "no answer", "reason": outcome.reason}
+        if reply.failure in UNUSABLE:
+            # A model that cannot work is the operator's to fix: a 503 naming the setting, not
+            # a 200 whose body is an apology a client would show as the answer.
+            problem = self.d.model_problem() or f"the model failed ({reply.failure})"
+            log.warning("chat.model_unusable", user_id=user_id, kind=reply.failure)
+            return 503, {"error": "model_unusable", "kind": reply.failure, "reason": problem,
+                         "setting": problem_setting(problem)}
         active = await self.data.m.sessions.active(inbound.conv_key)
         memory = reply.memory
         return 200, {"reply": reply.text, "session_id": active.id if active else None,

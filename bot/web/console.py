@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
+from bot.llm.health import problem_setting
 from bot.log import get_logger
 from bot.text import when
 from bot.web.api import api_routes
@@ -134,7 +135,13 @@ class Pages:
         badge = Markup("")
         if self.d.offline_model:
             badge = tag("span", "offline model", class_="badge offline",
-                        title="No ANTHROPIC_API_KEY: answers come from the built-in offline model")
+                        title="No model configured (ANTHROPIC_API_KEY, OPENAI_API_KEY or OPENAI_BASE_URL):"
+                              " answers come from the built-in offline model")
+        problem = self.d.model_problem()
+        if problem:
+            # a wrong key, an unknown model, an unreachable endpoint: visible on every page
+            badge = tag("span", f"model unusable: {problem_setting(problem)}", class_="badge unusable",
+                        title=problem, role="status")
         body = render("base.html", title=title, page=page, nav=nav, account=account, badge=badge, content=content)
         return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
 
@@ -163,7 +170,8 @@ class Pages:
         offline = Markup("")
         if self.d.offline_model:
             offline = Markup("Answers come from the built-in <strong>offline model</strong> "
-                             "(no <code>ANTHROPIC_API_KEY</code>): deterministic, marked <code>[offline]</code>, "
+                             "(no model configured: <code>ANTHROPIC_API_KEY</code>, <code>OPENAI_API_KEY</code> "
+                             "or <code>OPENAI_BASE_URL</code>): deterministic, marked <code>[offline]</code>, "
                              "and it calls the same memory tools.")
         content = render("playground.html", user_id="ou_console_demo", name="Demo", user_options=options,
                          offline_hint=offline)

@@ -37,6 +37,8 @@ class ConsoleDeps:
     bot_open_id: Callable[[], Awaitable[str]]
     auth: ConsoleAuth                       # who may use it (ETHAN_CONSOLE_TOKEN): bot/web/auth.py
     offline_model: bool = False
+    # the start-up check's or the last failed turn's line naming the setting to fix ("" = fine)
+    model_problem: Callable[[], str | None] = lambda: None
 
 
 class ApiError(Exception):

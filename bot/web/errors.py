@@ -10,9 +10,11 @@ own 503, which Lark retries: bot/lark/webhook.py) and is left alone.
 
 from __future__ import annotations
 
+import logging
 from typing import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from bot.log import get_logger
 from memory.db import is_database_error
@@ -43,3 +45,29 @@ def storage_errors(*, skip: frozenset = frozenset({"/lark/events"})):
                                 headers=headers)
 
     return middleware
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp answers a request it cannot parse (raw UTF-8 in the query string, a header line
+    without a colon, a header over 8 KiB) with 400 itself, then logs the parser's exception
+    at ERROR with a traceback. That is a client's mistake, not ours: one ``http.malformed``
+    line instead, and nothing at ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else ""
+            log.info("http.malformed", status=exc.code or 400, error=type(exc).__name__,
+                     detail=str(exc.message or "")[:120], remote=str(remote))
+            return False
+        return True
+
+
+_FILTER = _MalformedRequests()
+
+
+def quiet_malformed_requests() -> None:
+    """Install the filter on aiohttp's server logger (once; idempotent)."""
+    logger = logging.getLogger("aiohttp.server")
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)

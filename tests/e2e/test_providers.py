@@ -198,6 +198,25 @@ async def test_wrong_key_and_unreachable_endpoint_name_the_setting(tmp_path):
         assert "Connect call failed" in body["model_problem"] and "timeout" not in body["model_problem"]
 
 
+async def test_a_refused_key_shows_in_the_console_answers_chat_503_and_tells_lark_users(tmp_path):
+    """(issue 30 item 6) The console header says the model is unusable and which setting;
+    POST /chat answers 503 model_unusable with the reason, not 200 with an apology; a Lark
+    user is told the bot is misconfigured, not to try again."""
+    with FakeOpenAI(api_key="the-right-key") as fake:
+        async with Harness(tmp_path, model=fake) as h:
+            async with h.http.get(h.url + "/") as r:
+                page = await r.text()
+            assert "model unusable: OPENAI_API_KEY" in page and "rejected by" in page
+            async with h.http.post(h.url + "/chat", json={"user_id": "ou_api", "text": "hello there"}) as r:
+                status, body = r.status, await r.json()
+            assert status == 503, body
+            assert body["error"] == "model_unusable" and body["kind"] == "auth"
+            assert body["setting"] == "OPENAI_API_KEY" and body["reason"].startswith("OPENAI_API_KEY: rejected")
+            await h.send_text("你好，帮我看看这个问题", **ALICE)
+            [answer] = await h.replies(1, timeout=10)
+            assert "配置有误" in answer.text and "重试也没有用" in answer.text and "稍后" not in answer.text
+
+
 async def test_the_start_up_check_covers_fallback_and_consolidation_models(tmp_path):
     """A fallback or consolidation model that cannot work is found at start (issue 30), not
     when the main model first fails or the first session closes."""
