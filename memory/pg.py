@@ -49,6 +49,10 @@ T = TypeVar("T")
 WRITE_LOCK = 0x45746861      # "Etha": the advisory lock every write transaction holds
 MIGRATE_LOCK = 0x45746862    # concurrent `ethan serve` starts migrate one at a time
 DEFAULT_POOL = 8
+# How long a unit waits for a pooled connection before it is DatabaseUnavailable (a 503 at the
+# webhook): under Lark's 3 s with room for the rest of the request, so during an outage Lark
+# gets its 503 in time and redelivers, instead of no answer at all.
+CHECKOUT_TIMEOUT = 2.5
 # Connections are in autocommit mode and transactions are begun by hand, so that BEGIN and the
 # write lock go in the message of the unit's first statement (psycopg's implicit BEGIN would be
 # a round trip of its own), and a one-statement read is one round trip with no transaction.
@@ -488,7 +492,7 @@ class PgDatabase:
             self.url, min_size=1, max_size=self.pool_size, open=False, configure=_configure,
             kwargs={"row_factory": _row_factory, "autocommit": True,
                     "connect_timeout": max(1, int(self.connect_timeout))},
-            timeout=self.connect_timeout, name="ethan")
+            timeout=CHECKOUT_TIMEOUT, name="ethan")
         try:
             await self._hop(lambda: self._pool.open(wait=True, timeout=self.connect_timeout))
             await self._hop(self._migrate)

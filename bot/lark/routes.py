@@ -19,10 +19,22 @@ log = get_logger("ethan.webhook")
 
 MAX_BODY = 1024 * 1024
 BODY_READ_TIMEOUT_S = 10.0     # Lark sends a whole event at once; a body stalled this long is not Lark
+# Lark waits 3 s for the answer, then delivers again. A store that has not finished by this
+# (the database away, its pool waiting for a connection) answers 503 in time; the store goes
+# on in the background — if it lands after all, Lark's redelivery is a duplicate (200, one
+# answer), so answering 503 early never loses or doubles a message.
+STORE_DEADLINE_S = 2.5
 
 
 def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
                  on_refused=lambda reason: None):
+    late: set[asyncio.Task] = set()      # stores answered 503 and still running: kept, never dropped
+
+    def _settled(task: asyncio.Task) -> None:
+        late.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("webhook.late_store_failed", error=f"{type(task.exception()).__name__}: {task.exception()}"[:200])
+
     async def lark_events(request: web.Request) -> web.Response:
         if request.content_length is not None and request.content_length > MAX_BODY:
             on_refused("too large")
@@ -59,8 +71,15 @@ def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
             log.info("webhook.v1_event_ignored", uuid=str(verified.body.get("uuid", ""))[:64],
                      event_type=str(ev.get("type", "") if isinstance(ev, dict) else "")[:64])
             return web.json_response({"code": 0, "msg": "ignored"})
+        store = asyncio.ensure_future(intake.accept(verified.raw, verified.body))
+        done, _ = await asyncio.wait({store}, timeout=STORE_DEADLINE_S)
+        if not done:
+            late.add(store)
+            store.add_done_callback(_settled)
+            log.warning("webhook.store_slow", waited_s=STORE_DEADLINE_S)
+            return web.Response(status=503)
         try:
-            result = await intake.accept(verified.raw, verified.body)
+            result = store.result()
         except NotAccepting:
             # Stopping: not stored, so Lark must deliver it again (to the next process).
             log.info("webhook.deferred", reason="stopping")

@@ -74,7 +74,8 @@ async def test_postgresql_restarted_under_load(fleet_on, own_cluster, own_databa
 
     statuses = collections.Counter(lark_side.statuses)
     assert 500 not in statuses, f"a 500 at the webhook: {statuses}\n{fleet.tails()}"
-    assert set(statuses) <= {200, 503, None}, statuses      # None: no answer within Lark's 3 s
+    # Every delivery answered within Lark's 3 s (None: none in time), each 200 or 503.
+    assert set(statuses) <= {200, 503}, statuses
     during = [s for t, _, s in lark_side.timeline if down_at <= t <= up_at]
     assert len(during) >= 3, f"only {len(during)} deliveries during the outage"
     assert acked_before_restart < len(events), "the stream was over before the restart"
