@@ -44,6 +44,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("pg", "bench.bench_pg", "11. PostgreSQL vs SQLite"),
     ("tools", "bench.bench_tools", "13. The tool port: overhead per call and schema tokens"),
     ("paired", "bench.bench_paired", "12. CPU per message against an older commit, side by side"),
+    ("reminders", "bench.bench_reminders", "13. Reminders: due-job pick-up latency and idle CPU"),
 ]
 
 
