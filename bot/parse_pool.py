@@ -131,7 +131,10 @@ class ParsePool:
                 else:
                     # Killed from a thread so a cancelled caller (shutdown) does not wait on it.
                     self.replaced += 1
-                    loop.run_in_executor(self._threads, worker.kill)
+                    try:
+                        loop.run_in_executor(self._threads, worker.kill)
+                    except RuntimeError:      # stopped meanwhile: no reaping thread, just end it
+                        worker.proc.kill()
 
     async def stop(self) -> None:
         """End every worker (idle ones are told, busy ones killed) and the pipe threads."""

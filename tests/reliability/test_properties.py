@@ -320,3 +320,113 @@ def test_console_api_never_answers_5xx_and_refusals_change_nothing(served):
     print("console statuses:", statuses)
     served.run(served.h.idle(timeout=60))
     assert served.run(served.h.app.db.integrity_check()) == "ok"
+
+
+# ------------------------------------------------------------------------------------------
+# Attachments (issue 32): arbitrary bytes as png / pdf / docx / xlsx / pptx
+# ------------------------------------------------------------------------------------------
+
+FILES = settings(WEBHOOK, max_examples=max(1, int(60 * SCALE)))
+
+
+def _seeds() -> dict[str, bytes]:
+    """One real file per type (the writers the e2e tests use), for mutation."""
+    import io
+
+    import docx
+    import openpyxl
+    import pptx
+    from PIL import Image
+
+    from tests.e2e.test_lark_rich import pdf_with_text
+
+    out = {}
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(buf, format="PNG")
+    out["png"] = buf.getvalue()
+    out["pdf"] = pdf_with_text("seed text for the fuzzer")
+    d = docx.Document()
+    d.add_paragraph("段落一")
+    buf = io.BytesIO()
+    d.save(buf)
+    out["docx"] = buf.getvalue()
+    book = openpyxl.Workbook()
+    book.active.append(["a", 1])
+    buf = io.BytesIO()
+    book.save(buf)
+    out["xlsx"] = buf.getvalue()
+    deck = pptx.Presentation()
+    deck.slides.add_slide(deck.slide_layouts[1]).shapes.title.text = "标题"
+    buf = io.BytesIO()
+    deck.save(buf)
+    out["pptx"] = buf.getvalue()
+    return out
+
+
+SEEDS = _seeds()
+
+
+@st.composite
+def attachment_bytes(draw):
+    """(extension, bytes): raw bytes, or a real file of that type with bytes flipped,
+    inserted, cut short or its head kept (magic numbers and zip headers intact)."""
+    ext = draw(st.sampled_from(sorted(SEEDS)))
+    how = draw(st.sampled_from(["raw", "flip", "flip", "truncate", "splice", "valid"]))
+    seed = bytearray(SEEDS[ext])
+    if how == "raw":
+        data = draw(st.binary(max_size=3000))
+        if draw(st.booleans()):   # with the right magic bytes, so the parser is reached
+            data = bytes(seed[:8]) + data
+        return ext, data
+    if how == "flip":
+        for _ in range(draw(st.integers(1, 12))):
+            i = draw(st.integers(0, len(seed) - 1))
+            seed[i] = draw(st.integers(0, 255))
+    elif how == "truncate":
+        seed = seed[:draw(st.integers(0, len(seed)))]
+    elif how == "splice":
+        i = draw(st.integers(0, len(seed)))
+        seed[i:i] = draw(st.binary(min_size=1, max_size=200))
+    return ext, bytes(seed)
+
+
+def test_arbitrary_bytes_as_attachments_are_answered_and_finish_their_row(served):
+    """Every file is answered within the parse bound (a reply, whatever it says), its inbox
+    row finished (never pending), no handler failure; the server keeps answering."""
+    from tests.fakes.lark_events import make_file_event, make_image_event
+
+    h = served.h
+    bound = h.app.settings.ethan_parse_timeout + 10
+    outcomes: dict[str, int] = {}
+    slowest = [0.0]
+
+    @FILES
+    @given(attachment_bytes())
+    def prop(sample):
+        ext, data = sample
+        key = f"file_v3_prop_{next(_serial)}"
+        chat = dict(chat_id="oc_p2p_files", sender="ou_files")
+        ev = make_image_event(key, **chat) if ext == "png" else make_file_event(key, f"f.{ext}", **chat)
+        mid = ev["event"]["message"]["message_id"]
+        h.lark.add_resource(mid, key, data, "application/octet-stream")
+        t0 = time.monotonic()
+        status, _ = served.run(h.post(ev))
+        assert status == 200
+        while not [m for m in h.lark.messages() if m.reply_to == mid]:
+            assert time.monotonic() - t0 < bound, (ext, data[:100])
+            time.sleep(0.01)
+        served.run(h.idle(timeout=30))
+        slowest[0] = max(slowest[0], time.monotonic() - t0)
+
+        async def row():
+            return await h.app.db.fetchone("SELECT status FROM inbox WHERE dedup_key = ?", (f"msg:{mid}",))
+        st_ = served.run(row())["status"]
+        assert st_ == "done", (ext, st_, data[:100])
+        outcomes[ext] = outcomes.get(ext, 0) + 1
+
+    prop()
+    refused = [e.get("reason") for e in served.logs.entries if e.get("event") == "attachment.refused"]
+    print("attachments:", outcomes, "refused reasons:", {r: refused.count(r) for r in set(refused)},
+          f"slowest {slowest[0]:.2f} s")
+    failed = [e for e in served.logs.entries if e.get("event") == "dispatch.job_failed"]
+    assert not failed, failed[:3]
