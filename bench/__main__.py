@@ -41,7 +41,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("cost", "bench.bench_cost", "8. Prompt-cache cost"),
     ("providers", "bench.bench_providers", "9. Model adapters: OpenAI-compatible vs Anthropic"),
     ("image", "bench.bench_image", "10. Answering an image message"),
-    ("parse", "bench.bench_parse", "12. Reading attachments: bombs vs normal files"),
+    ("parse", "bench.bench_parse", "14. Reading attachments: bombs vs normal files"),
     ("pg", "bench.bench_pg", "11. PostgreSQL vs SQLite"),
     ("tools", "bench.bench_tools", "13. The tool port: overhead per call and schema tokens"),
     ("paired", "bench.bench_paired", "12. CPU per message against an older commit, side by side"),
