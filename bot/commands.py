@@ -35,6 +35,7 @@ from bot.log import get_logger
 from bot.text import ambiguous_session, is_chinese, short, when as _when
 from memory.audit import AuditLog
 from memory.erase import erase_user, forget_memory
+from memory.forget import forget_fact
 from memory.modes import COMPANION, WORK, parse_mode
 from memory.scope import Scope
 from memory.stats import Stats
@@ -339,8 +340,11 @@ class Commands:
         if not ctx.private and fact.visibility != "shared":
             return ctx.t(f"记忆 #{fact_id} 是私聊中记下的，请在私聊中删除。",
                          f"Memory #{fact_id} was learned in our direct chat; delete it there.")
-        if not await self.mem.facts.delete(ctx.user, fact_id):
+        # the fact, and what states it in episodes, summaries and profile (memory/forget.py)
+        counts = await forget_fact(self.db, ctx.user, fact_id)
+        if counts is None:
             return ctx.t(f"没有找到你的记忆 #{fact_id}。", f"You have no memory #{fact_id}.")
+        log.info("command.forget", chat_id=ctx.inbound.chat_id, user_id=ctx.user, fact_id=fact_id, **counts)
         return ctx.t(f"已删除记忆 #{fact_id}：{short(fact.content, 80)}",
                      f"Deleted memory #{fact_id}: {short(fact.content, 80)}")
 

@@ -18,6 +18,7 @@ from bot.agent.agent import Memory
 from bot.direct import Conversations
 from bot.log import get_logger
 from bot.web.auth import ConsoleAuth
+from memory.forget import forget_fact
 from memory.scope import Scope
 from memory.stats import KnownUser, Stats
 
@@ -213,10 +214,12 @@ class ConsoleData:
 
     async def delete_fact(self, user_id: str, fact_id: int) -> dict:
         check_user(user_id)
-        if not await self.m.facts.delete(user_id, fact_id):
+        # the fact and its statement in episodes, summaries and profile (memory/forget.py)
+        counts = await forget_fact(self.m.db, user_id, fact_id)
+        if counts is None:
             raise ApiError(404, "no such fact for this user")
-        log.info("console.fact_deleted", user_id=user_id, fact_id=fact_id)
-        return {"deleted": fact_id}
+        log.info("console.fact_deleted", user_id=user_id, fact_id=fact_id, **counts)
+        return {"deleted": fact_id, "counts": counts}
 
     # -- procedures --------------------------------------------------------------------
     async def procedures(self, user_id: str) -> list[dict]:

@@ -199,3 +199,40 @@ async def test_deleting_a_session_removes_the_profile_entries_extraction_learned
             assert (await resp.json())["removed"]["profile_entries"] == 1
         entries = [r["entry"] for r in await h.app.db.fetchall("SELECT entry FROM profile_entries")]
         assert entries == ["最近工作压力很大"]          # the second session taught it too
+
+
+async def test_forget_a_fact_removes_it_from_every_layer_the_next_request_reads(tmp_path):
+    # issue 31: after /forget <id> the next answer still recalled the fact from an episode
+    import json
+
+    from memory.scope import Scope
+
+    async with Harness(tmp_path) as h:
+        h.model.responder = lambda req: Text("好的") if is_chat(req) else default_responder(req)
+        h.model.on_tool("write_summary", lambda req: {
+            "summary": "用户的手机号是13800138000。用户在装修新房，想选木地板。"}, keys={"summary"})
+        for text in ("我在装修新房，想选木地板", "对了我的手机号是13800138000，装修公司要联系我",
+                     "地板想要浅色的", "预算大概五万"):
+            await _say(h, text, **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        w = await h.app.memory.facts.add(Scope("ou_alice", "oc_p2p_alice", "p2p"), "用户的手机号是13800138000",
+                                         "knowledge", source="agent_proactive")
+        await h.app.db.execute(
+            "INSERT INTO profile_entries(user_id, section, position, entry, visibility, source, created_at, updated_at)"
+            " VALUES ('ou_alice', '身份与背景', 0, '手机号 13800138000', 'private', 'consolidator', 0, 0)")
+        # before: the phone number reaches the model from memory (the episode's evidence)
+        await _say(h, "装修公司要我的手机号是多少来着", **ALICE)
+        assert "13800138000" in json.dumps(h.model.chat_requests()[-1].json, ensure_ascii=False)
+        await _say(h, "/new", **ALICE)
+        await _say(h, f"/forget {w.fact.id}", **ALICE)
+        await _say(h, "装修公司要我的手机号是多少来着", **ALICE)
+        body = json.dumps(h.model.chat_requests()[-1].json, ensure_ascii=False)
+        assert "13800138000" not in body                     # no layer: facts, profile, episodes, summaries
+        [ep] = await h.app.memory.episodes.recent("ou_alice", 1)
+        assert "木地板" in ep.summary and "装修" in "\n".join(await h.app.memory.episodes.turns(ep.id))  # the rest stays
+        for table, col in (("episodes", "summary"), ("episode_chunks", "text"), ("facts", "content"),
+                           ("profile_entries", "entry"), ("warm_summaries", "summary"),
+                           ("consolidation_state", "rolling_summary")):
+            rows = await h.app.db.fetchall(f"SELECT {col} AS t FROM {table}")
+            assert not any("13800138000" in (r["t"] or "") for r in rows), table

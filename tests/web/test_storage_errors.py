@@ -47,9 +47,13 @@ async def test_a_write_the_database_refuses_is_a_503_then_works_once_it_is_free(
 
 
 async def test_the_503_says_when_to_come_back(console):
+    # a fact to delete (an unknown id is a 404 before any write: /forget reads it first)
+    status, body = await console.call("POST", "/api/users/ou_alice/facts",
+                                      {"content": "用户喜欢喝乌龙茶", "category": "preference"})
+    assert status == 201, (status, body)
     conn, _ = _hold_write_lock(console.app.settings.db_path)
     try:
-        async with console.http.delete(console.url + "/api/users/ou_alice/facts/1") as r:
+        async with console.http.delete(console.url + f"/api/users/ou_alice/facts/{body['fact']['id']}") as r:
             status, retry_after = r.status, r.headers.get("Retry-After")
     finally:
         conn.rollback()
