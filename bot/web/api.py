@@ -72,6 +72,12 @@ def api_routes(data: ConsoleData, playground: Playground, chat: WebChat) -> list
     async def episode_delete(request):
         return ok(await data.delete_episode(uid(request), _int(request.match_info["episode_id"], "episode")))
 
+    async def reminders_get(request):
+        return ok({"user_id": uid(request), "reminders": await data.reminders(uid(request))})
+
+    async def reminder_delete(request):
+        return ok(await data.cancel_reminder(uid(request), _int(request.match_info["job_id"], "reminder")))
+
     async def sessions_get(request):
         return ok({"sessions": await data.sessions(request.query.get("user", ""), request.query.get("q", ""))})
 
@@ -100,6 +106,8 @@ def api_routes(data: ConsoleData, playground: Playground, chat: WebChat) -> list
         ("DELETE", u + "/procedures/{proc_id}", handler(procedure_delete)),
         ("GET", u + "/episodes", handler(episodes_get)),
         ("DELETE", u + "/episodes/{episode_id}", handler(episode_delete)),
+        ("GET", u + "/reminders", handler(reminders_get)),
+        ("DELETE", u + "/reminders/{job_id}", handler(reminder_delete)),
         ("GET", "/api/sessions", handler(sessions_get)),
         ("GET", "/api/sessions/{session_id}", handler(session_get)),
         ("DELETE", "/api/sessions/{session_id}", handler(session_delete)),

@@ -11,6 +11,7 @@ API (``bot/web/api.py``). No build step, nothing from a CDN.
     /users/{id}/facts                   facts: edit, delete, add (?history=1 with superseded ones)
     /users/{id}/procedures              rules: delete, add
     /users/{id}/episodes                episodes: list, search (?q=), delete
+    /users/{id}/reminders               reminders: list (next time in the user's zone, deliveries), cancel
     /sessions?user=&q=                  sessions: list, search; /sessions/{id} to read one
     /login, /logout                     only when a token is needed (bot/web/auth.py)
 
@@ -46,7 +47,7 @@ STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".svg": "image/svg
 CONSOLE_KEY = web.AppKey("console", ConsoleData)
 CATEGORIES = ("knowledge", "preference", "decision", "correction")
 TABS = (("profile", "我的画像"), ("facts", "Facts"), ("procedures", "Rules"), ("episodes", "Episodes"),
-        ("sessions", "Sessions"))
+        ("reminders", "Reminders"), ("sessions", "Sessions"))
 
 
 # --------------------------------------------------------------------------------------
@@ -304,6 +305,26 @@ class Pages:
                          user_id_url=quote(uid, safe=""), query=query, list=lst)
         return self.page(request, title="Episodes", page="episodes", content=content, section="users")
 
+    # -- reminders -----------------------------------------------------------------------
+    async def reminders(self, request: web.Request) -> web.Response:
+        uid = check_user(request.match_info["user_id"])
+        jobs = await self.data.reminders(uid)
+        rows = []
+        for j in jobs:
+            last = j["deliveries"][0] if j["deliveries"] else None
+            cancel = (tag("button", "Cancel", type="button", class_="danger small", data_action="cancel-reminder")
+                      if j["state"] == "active" else "")
+            rows.append(tag("tr", join([
+                cell("Id", f"#{j['id']}", "num"), cell("Next", j["next_local"] or "—"),
+                cell("Repeats", j["rrule"] or "once"), cell("Text", j["text"]),
+                cell("Chat", f"{j['chat_type']} …{j['chat_id'][-6:]}"), cell("State", j["state"]),
+                cell("Last", f"{last['status']} {fmt_time(last['due_at'])}" if last else "—"),
+                cell("", cancel)]), data_id=j["id"]))
+        content = render("reminders.html", userbar=await self.userbar(uid, "reminders"),
+                         table=table(["Id", "Next", "Repeats", "Text", "Chat", "State", "Last", ""], rows,
+                                     empty="No reminders: they are set in chat (\"提醒我明天九点…\")."))
+        return self.page(request, title="Reminders", page="reminders", content=content, section="users")
+
     # -- sessions ------------------------------------------------------------------------
     async def sessions(self, request: web.Request) -> web.Response:
         uid = request.query.get("user", "").strip()
@@ -454,6 +475,7 @@ def setup_console(web_app: web.Application, deps: ConsoleDeps) -> None:
     r.add_get("/users/{user_id}/facts", page(pages.facts))
     r.add_get("/users/{user_id}/procedures", page(pages.procedures))
     r.add_get("/users/{user_id}/episodes", page(pages.episodes))
+    r.add_get("/users/{user_id}/reminders", page(pages.reminders))
     r.add_get("/users/{user_id}/sessions", page(
         lambda req: _redirect("/sessions?" + urlencode({"user": check_user(req.match_info["user_id"])}))))
     r.add_get("/sessions", page(pages.sessions))

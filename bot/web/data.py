@@ -261,6 +261,32 @@ class ConsoleData:
             raise ApiError(404, "no such episode for this user")
         return {"deleted": episode_id}
 
+    # -- reminders ---------------------------------------------------------------------
+    async def reminders(self, user_id: str) -> list[dict]:
+        """The user's reminders (active first, then recent finished ones), with their next time
+        in the user's zone and the last deliveries."""
+        from memory.recurrence import local_iso
+        from memory.schedules import ScheduleStore
+
+        check_user(user_id)
+        store = ScheduleStore(self.m.db)
+        out = []
+        for j in await store.for_owner(user_id, active_only=False, limit=LIST_LIMIT):
+            d = _asdict(j)
+            d["next_local"] = local_iso(j.next_due, j.tz) if j.next_due is not None else ""
+            d["deliveries"] = [_asdict(x) for x in await store.deliveries(j.id, limit=5)]
+            out.append(d)
+        return out
+
+    async def cancel_reminder(self, user_id: str, job_id: int) -> dict:
+        from memory.schedules import ScheduleStore
+
+        check_user(user_id)
+        if not await ScheduleStore(self.m.db).cancel(job_id, owner_id=user_id):    # this user's only
+            raise ApiError(404, "no active reminder with this id for this user")
+        log.info("reminder.cancelled", schedule_id=job_id, user_id=user_id, chat_id="", via="console")
+        return {"cancelled": job_id}
+
     # -- sessions ----------------------------------------------------------------------
     async def sessions(self, user_id: str = "", query: str = "") -> list[dict]:
         from memory.sessions import EmptyQuery

@@ -254,3 +254,27 @@ async def test_every_page_renders(console):
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/javascript")
     async with console.http.get(console.url + "/static/..%2Fconsole.py") as r:
         assert r.status == 404
+
+
+async def test_reminders_are_listed_and_cancelled_per_user(console):
+    import time
+
+    from memory.schedules import ScheduleStore
+
+    store = ScheduleStore(console.app.db)
+    due = time.strftime("%Y-%m-%dT%H:%M", time.localtime(time.time() + 86400))
+    mine = await store.add(owner_id="ou_alice", chat_id="oc_a", chat_type="p2p", text="给客户回电话",
+                           tz="Asia/Shanghai", dtstart=due, rrule="FREQ=WEEKLY")
+    theirs = await store.add(owner_id="ou_bob", chat_id="oc_b", chat_type="p2p", text="bob's",
+                             tz="Asia/Shanghai", dtstart=due)
+    status, body = await console.call("GET", "/api/users/ou_alice/reminders")
+    assert status == 200 and [r["id"] for r in body["reminders"]] == [mine.id]
+    assert body["reminders"][0]["next_local"].endswith("Asia/Shanghai") and body["reminders"][0]["rrule"] == "FREQ=WEEKLY"
+    async with console.http.get(console.url + "/users/ou_alice/reminders") as r:
+        page = await r.text()
+    assert r.status == 200 and "给客户回电话" in page and 'data-action="cancel-reminder"' in page
+    status, _ = await console.call("DELETE", f"/api/users/ou_alice/reminders/{theirs.id}")
+    assert status == 404                                     # Bob's, not through Alice's page
+    status, body = await console.call("DELETE", f"/api/users/ou_alice/reminders/{mine.id}")
+    assert status == 200 and body == {"cancelled": mine.id}
+    assert (await store.get(mine.id)).state == "cancelled" and (await store.get(theirs.id)).state == "active"

@@ -380,6 +380,21 @@
     });
   }
 
+  function initReminders() {
+    var box = document.querySelector(".card .error");
+    var user = (location.pathname.match(/^\/users\/([^/]+)\//) || [])[1];
+    document.querySelectorAll("[data-action=cancel-reminder]").forEach(function (b) {
+      b.addEventListener("click", function () {
+        var row = b.closest("tr");
+        if (!window.confirm("Cancel this reminder?")) return;
+        api("DELETE", "/api/users/" + user + "/reminders/" + encodeURIComponent(row.getAttribute("data-id"))).then(function (r) {
+          if (r.ok) { b.remove(); row.querySelector("[data-label=State]") && (row.querySelector("[data-label=State]").textContent = "cancelled"); }
+          else showError(box, r.data);
+        });
+      });
+    });
+  }
+
   function initSession() {
     var b = document.querySelector("[data-action=delete-session]");
     if (!b) return;
@@ -400,7 +415,7 @@
   }
 
   var inits = { playground: initPlayground, profile: initProfile, facts: initFacts, procedures: initRules,
-    episodes: initEpisodes, session: initSession };
+    episodes: initEpisodes, reminders: initReminders, session: initSession };
   var fn = inits[document.body.getAttribute("data-page")];
   if (fn) fn();
 })();
