@@ -369,7 +369,8 @@ class EthanApp:
             setup_offline_model(self.web, OFFLINE_PATH)
         setup_console(self.web, ConsoleDeps(
             memory=lambda: self.memory, conversations=self.conversations, bot_open_id=self.bot_open_id,
-            auth=self.auth, offline_model=s.offline_model, model_problem=lambda: self.model_problem))
+            auth=self.auth, offline_model=s.offline_model, model_problem=lambda: self.model_problem,
+            is_admin=s.is_admin))
         # keepalive_timeout also bounds a connection that never completes its request head
         # (aiohttp arms it at connect; data arriving does not re-arm it); body reads have their
         # own deadline (bot/web/auth.py read_body_within, bot/lark/routes.py). Lingering after

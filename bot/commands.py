@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from bot.agent.agent import Memory
-from bot.inbound import Inbound
+from bot.inbound import CHANNEL, WEB_API, Inbound
 from bot.log import get_logger
 from bot.text import ambiguous_session, is_chinese, short, when as _when
 from memory.audit import AuditLog
@@ -201,7 +201,7 @@ class Commands:
             return None          # a path ("/etc/hosts …") or "//", not a command: the model answers
         name = words[0].casefold() if words else "help"
         args = words[1:]
-        admin = self.d.is_admin(inbound.sender_id)
+        admin = inbound.admin(self.d.is_admin)
         zh = True
         try:
             zh = await self._chinese(inbound, stripped)
@@ -214,6 +214,10 @@ class Commands:
                     + await self.help(ctx)
             if name in self.admin_only and not admin:
                 return await self._refuse(ctx)
+            if inbound.transport == WEB_API and name in ("memory", "profile", "episodes", "rules"):
+                # The /chat token holder reads any user's memory (an operator): on the record.
+                await self._audit(ctx, f"{name} read", ctx.user, inbound.chat_id, "", allowed=True,
+                                        )
             return await handler(ctx)
         except Exception:  # noqa: BLE001 - a command never takes the handler down
             log.exception("command.failed", command=name[:32], chat_id=inbound.chat_id,
@@ -226,12 +230,19 @@ class Commands:
         last = await self.mem.sessions.last_user_text(inbound.conv_key, inbound.sender_id)
         return last is not None and is_chinese(last)
 
+    async def _audit(self, ctx: Ctx, action: str, target: str = "", chat_id: str = "", detail: str = "",
+                     allowed: bool = True) -> int:
+        """One audit row, naming the channel the command came by (``/chat``: the operator's
+        token spoke for this user id, not the user in Lark)."""
+        return await self.audit.record(ctx.user, action, target, chat_id, detail, allowed,
+                                       channel=CHANNEL.get(ctx.inbound.transport, ctx.inbound.transport))
+
     async def _refuse(self, ctx: Ctx) -> str:
         user_form = ctx.name == "reset" and bool(ctx.args) and ctx.args[0].casefold() in ("user", "用户")
         action = "reset user" if user_form else ctx.name
         log.warning("command.refused", command=ctx.name, chat_id=ctx.inbound.chat_id, user_id=ctx.user,
                     reason="not an admin")
-        await self.audit.record(ctx.user, action, "", ctx.inbound.chat_id, "refused: not an admin",
+        await self._audit(ctx, action, "", ctx.inbound.chat_id, "refused: not an admin",
                                 allowed=False)
         return ctx.t("抱歉，这是管理员命令，你没有权限。", "Sorry — that is an admin command, and you are not an admin.")
 
@@ -381,7 +392,7 @@ class Commands:
         if not deleted:
             return ctx.t(f"没有找到你的规则 #{rule_id}。", f"You have no rule #{rule_id}.")
         if rule is not None and rule.scope == "chat":
-            await self.audit.record(ctx.user, "rules delete", ctx.inbound.chat_id, ctx.inbound.chat_id,
+            await self._audit(ctx, "rules delete", ctx.inbound.chat_id, ctx.inbound.chat_id,
                                     f"chat rule #{rule_id}", allowed=True)
         text = f"：{short(rule.rule, 80)}" if rule is not None else ""
         return ctx.t(f"已删除规则 #{rule_id}{text}", f"Deleted rule #{rule_id}{text.replace('：', ': ')}")
@@ -389,7 +400,7 @@ class Commands:
     async def _refuse_quietly(self, ctx: Ctx, action: str, detail: str) -> None:
         log.warning("command.refused", command=action, chat_id=ctx.inbound.chat_id, user_id=ctx.user,
                     reason="not an admin")
-        await self.audit.record(ctx.user, action, ctx.inbound.chat_id, ctx.inbound.chat_id,
+        await self._audit(ctx, action, ctx.inbound.chat_id, ctx.inbound.chat_id,
                                 f"refused: {detail}", allowed=False)
 
     async def profile(self, ctx: Ctx) -> str:
@@ -456,7 +467,7 @@ class Commands:
             if last is not None:
                 await working.mark_episode(active.id, last.id)
             await sessions.close_active(conv)
-        await self.audit.record(ctx.user, "reset", conv, ctx.inbound.chat_id,
+        await self._audit(ctx, "reset", conv, ctx.inbound.chat_id,
                                 f"closed session {active.id}" if active else "no active session", allowed=True)
         log.info("command.reset", chat_id=ctx.inbound.chat_id, user_id=ctx.user,
                  session_id=active.id if active else "")
@@ -502,10 +513,10 @@ class Commands:
         try:
             result = await erase_user(self.db, target)
         except Exception as e:
-            await self.audit.record(ctx.user, "reset user", target, ctx.inbound.chat_id,
+            await self._audit(ctx, "reset user", target, ctx.inbound.chat_id,
                                     f"failed: {type(e).__name__}", allowed=True)
             raise
-        await self.audit.record(ctx.user, "reset user", target, ctx.inbound.chat_id, result.summary(), allowed=True)
+        await self._audit(ctx, "reset user", target, ctx.inbound.chat_id, result.summary(), allowed=True)
         log.warning("command.reset_user", chat_id=ctx.inbound.chat_id, user_id=ctx.user,
                     target_tail=target[-6:], **result.counts)
         c = result.counts
@@ -559,7 +570,7 @@ class Commands:
         calls, failures = run.model_calls, run.model_failures
         depth = queue.depth if queue is not None else 0
         uptime = int(time.time() - run.started_at) if run.started_at else 0
-        await self.audit.record(ctx.user, "stats", "", ctx.inbound.chat_id, "", allowed=True)
+        await self._audit(ctx, "stats", "", ctx.inbound.chat_id, "", allowed=True)
         usage = _usage_lines(run.usage, ctx.zh)
         if ctx.zh:
             return (f"统计（启动 {uptime // 3600} 小时 {uptime % 3600 // 60} 分钟）：\n"

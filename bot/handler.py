@@ -261,7 +261,7 @@ class MessageHandler:
                     images = images + q.images
                     bound.info("quote.read", parent_id=inbound.parent_id,
                                chars=len(q.text), images=len(q.images), error=q.error)
-                turn = UserTurn(scope=inbound.scope(is_admin=d.is_admin(inbound.sender_id)),
+                turn = UserTurn(scope=inbound.scope(is_admin=inbound.admin(d.is_admin)),
                             text=text, sender_name=name,
                             message_id=inbound.message_id, truncated=inbound.truncated,
                             images=images)

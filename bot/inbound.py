@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from bot.text import clean_text
 from memory.scope import Scope, conversation_key
@@ -26,6 +27,7 @@ MAX_TEXT_CHARS = 20_000      # what the model reads of one message; the rest is 
 
 # Which adapter made the message (and so whose Reply answers it).
 LARK, CONSOLE, TERMINAL, WEB_API = "lark", "console", "terminal", "chat"
+CHANNEL = {LARK: "lark", CONSOLE: "console", TERMINAL: "terminal", WEB_API: "/chat"}   # as audited
 
 
 class NotAMessage(Exception):
@@ -93,6 +95,7 @@ class Inbound:
     create_time: float = 0.0     # seconds since epoch, as the transport reports
     content_error: str = ""      # why content could not be read, for the log
     material: tuple[Material, ...] = ()   # third-party text with the message (fenced as data)
+    as_admin: bool = False       # /chat: the caller asked for admin rights explicitly
 
     @property
     def conv_key(self) -> str:
@@ -105,6 +108,11 @@ class Inbound:
     @property
     def in_thread(self) -> bool:
         return bool(self.thread_id)
+
+    def admin(self, is_admin: Callable[[str], bool]) -> bool:
+        """Admin rights for this message: the sender is in ETHAN_ADMINS and — over ``/chat``,
+        where the token holder names any user — the request asked for them (``as_admin``)."""
+        return is_admin(self.sender_id) and (self.transport != WEB_API or self.as_admin)
 
     def scope(self, *, is_admin: bool) -> Scope:
         return Scope(user_id=self.sender_id, chat_id=self.chat_id, chat_type=self.chat_type,

@@ -41,8 +41,11 @@ class AuditLog:
         self.clock = clock
 
     async def record(self, actor: str, action: str, target: str = "", chat_id: str = "",
-                     detail: str = "", allowed: bool = True) -> int:
-        """Append one row; returns its id."""
+                     detail: str = "", allowed: bool = True, channel: str = "") -> int:
+        """Append one row; returns its id. ``channel``: how the actor reached Ethan when it is not
+        Lark itself (``/chat``: an operator's token speaking for ``actor``), kept in ``detail``."""
+        if channel and channel != "lark":
+            detail = f"[channel: {channel}] {detail}".strip()
         return await self.db.execute(
             "INSERT INTO audit(at, actor, action, target, chat_id, detail, allowed) VALUES (?,?,?,?,?,?,?)",
             (self.clock(), actor or "", action, target or "", chat_id or "",

@@ -1,6 +1,6 @@
 """``POST /chat``: the spec's Web API, another interface beside Lark, the console and the terminal.
 
-    POST /chat  {"user_id": "ou_…", "text": "…", "conversation": "…"?}
+    POST /chat  {"user_id": "ou_…", "text": "…", "conversation": "…"?, "as_admin": false?}
     → 200 {"reply": "…", "session_id": "…", "path": "fast|medium|full" | null, "memory": {…} | null}
 
 ``memory`` is the console's memory panel for this answer (what was put in the prompt); it and
@@ -20,6 +20,10 @@ is already in its session, so the stored answer is replayed (the model is not as
 or, when the first attempt died before answering, the message is answered now without being
 stored twice. The same key with another body is refused (422). See bot/direct.py.
 
+The token holder is an operator speaking for ``user_id``: admin commands only when that user is
+in ETHAN_ADMINS and ``as_admin`` is true (403 when it is not an admin); commands are audited
+with channel ``/chat`` (bot/commands.py).
+
 Access is the console's (``ETHAN_CONSOLE_TOKEN``, bot/web/auth.py); errors are JSON
 ``{"error": …}``: 400 bad JSON or fields (with the reason), 401/403 access, 422 key reused,
 503 not accepting messages or the database unreachable (bot/web/errors.py), or
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hashlib
 import json
 import re
@@ -40,6 +45,8 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+
+from memory.audit import AuditLog
 
 from bot.direct import NotAccepting
 from bot.inbound import WEB_API, typed_message
@@ -107,13 +114,22 @@ class WebChat:
         try:
             body = await read_json(request)
             user_id, text, conversation = self._fields(body)
+            as_admin = body.get("as_admin", False)
+            if not isinstance(as_admin, bool):
+                raise ApiError(400, "as_admin must be true or false")
+            if as_admin and not self.d.is_admin(user_id):
+                log.warning("chat.admin_refused", user_id=user_id, channel="/chat")
+                await AuditLog(self.data.m.db).record(user_id, "as_admin", "", chat_id(user_id),
+                                                      "refused: not in ETHAN_ADMINS", allowed=False,
+                                                      channel="/chat")
+                raise ApiError(403, "as_admin: this user_id is not in ETHAN_ADMINS")
             key = request.headers.get("Idempotency-Key")
             if key is not None and not IDEMPOTENCY_KEY.match(key):
                 raise ApiError(400, "Idempotency-Key must be 1-128 printable ASCII characters")
         except ApiError as e:
             return web.json_response({"error": e.message, **e.extra}, status=e.status)
         reply = ChatReply(stream)
-        answer = self._answer(user_id, text, conversation, key, reply)
+        answer = self._answer(user_id, text, conversation, key, reply, as_admin)
         if not stream:
             status, out = await answer
             return web.json_response(out, status=status, dumps=_dumps)
@@ -121,7 +137,7 @@ class WebChat:
 
     def _fields(self, body: dict) -> tuple[str, str, str]:
         user_id, text, conversation = body.get("user_id"), body.get("text"), body.get("conversation", "")
-        unknown = set(body) - {"user_id", "text", "conversation"}
+        unknown = set(body) - {"user_id", "text", "conversation", "as_admin"}
         if unknown:
             raise ApiError(400, f"unknown field(s): {', '.join(sorted(unknown))}")
         check_user(user_id)
@@ -136,11 +152,11 @@ class WebChat:
         return user_id, text, conversation
 
     async def _answer(self, user_id: str, text: str, conversation: str, key: str | None,
-                      reply: ChatReply) -> tuple[int, dict]:
+                      reply: ChatReply, as_admin: bool = False) -> tuple[int, dict]:
         if key is None:
-            return await self._run(uuid.uuid4().hex, user_id, text, conversation, reply)
+            return await self._run(uuid.uuid4().hex, user_id, text, conversation, reply, as_admin)
         self._expire()
-        fingerprint = hashlib.sha256(json.dumps([text, conversation]).encode()).hexdigest()
+        fingerprint = hashlib.sha256(json.dumps([text, conversation, as_admin]).encode()).hexdigest()
         slot = (user_id, key)
         known = self._answers.get(slot)
         if known is not None:
@@ -151,7 +167,7 @@ class WebChat:
         # The message id follows from user and key: after a restart the session knows it.
         mid = hashlib.sha256(f"{user_id}\0{key}".encode()).hexdigest()[:32]
         # Its own task: a caller that hangs up does not cancel the answer a retry will want.
-        task = asyncio.ensure_future(self._run(mid, user_id, text, conversation, reply))
+        task = asyncio.ensure_future(self._run(mid, user_id, text, conversation, reply, as_admin))
         self._answers[slot] = (fingerprint, self.clock(), task)
 
         def forget_unanswered(t: asyncio.Future) -> None:
@@ -164,9 +180,11 @@ class WebChat:
         return await asyncio.shield(task)
 
     async def _run(self, mid: str, user_id: str, text: str, conversation: str,
-                   reply: ChatReply) -> tuple[int, dict]:
+                   reply: ChatReply, as_admin: bool = False) -> tuple[int, dict]:
         inbound = typed_message(transport=WEB_API, message_id="chat_" + mid, chat_id=chat_id(user_id),
                                 thread_id=conversation, sender_id=user_id, text=text)
+        if as_admin:
+            inbound = dataclasses.replace(inbound, as_admin=True)
         try:
             outcome = await self.d.conversations.ask(inbound, reply)
         except NotAccepting:

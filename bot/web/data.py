@@ -40,6 +40,7 @@ class ConsoleDeps:
     offline_model: bool = False
     # the start-up check's or the last failed turn's line naming the setting to fix ("" = fine)
     model_problem: Callable[[], str | None] = lambda: None
+    is_admin: Callable[[str], bool] = lambda _open_id: False   # ETHAN_ADMINS (/chat "as_admin")
 
 
 class ApiError(Exception):
