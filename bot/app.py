@@ -40,6 +40,7 @@ from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.text import is_chinese
 from bot.tools import memory_tools
+from bot.tools.lark_docs import LarkDocs
 from bot.tools.mcp import McpServers
 from bot.tools.registry import ToolRegistry
 from bot.metrics import Metrics
@@ -199,6 +200,8 @@ class EthanApp:
         # MCP servers (config.yaml mcp_servers:): connected before the port serves chats; one
         # that fails is logged, shown in /healthz, retried, and its tools are simply not offered.
         self.mcp = McpServers(s.mcp_servers, ping_seconds=self.mcp_ping_seconds)
+        if s.tools.lark_docs and s.lark_enabled:   # pasted Feishu doc links (offered once Lark is up)
+            self.tools.add(LarkDocs(lambda: self.lark_api))
         for server in self.mcp.servers:
             self.tools.add(server)
         await self.mcp.start()

@@ -1434,3 +1434,92 @@ class FakeLark(ThreadedAiohttpServer):
     def dump(self) -> str:
         """Human-readable state (deliveries, last calls, pending faults) for debugging."""
         return self._dump("state")
+
+
+# ============================================================================================
+# Feishu documents (engineer `tools`, issue 26) — kept in this one section to ease rebases.
+# docx raw content, wiki nodes (→ their object), sheets and their values, and denial (the
+# bot has not been given access: HTTP 403 with the API's permission code).
+#
+#     lark.add_docx("doxcnA", "正文")            lark.add_wiki_node("wikcnB", "docx", "doxcnA")
+#     lark.add_sheet("shtcnC", {"s1": ("Sheet1", [["a", 1]])})     lark.deny_doc("doxcnD")
+# ============================================================================================
+
+DOC_DENIED_CODES = {"docx": 1770032, "wiki": 131006, "sheets": 1310213}
+
+
+def _docs(self) -> dict:
+    with self._lock:
+        return self.__dict__.setdefault("_docs_state", {"docx": {}, "wiki": {}, "sheets": {}, "denied": set()})
+
+
+def _add_docx(self, token: str, text: str) -> None:
+    _docs(self)["docx"][token] = text
+
+
+def _add_wiki_node(self, token: str, obj_type: str, obj_token: str, title: str = "") -> None:
+    _docs(self)["wiki"][token] = {"obj_type": obj_type, "obj_token": obj_token, "title": title or token}
+
+
+def _add_sheet(self, token: str, sheets: dict) -> None:
+    """``sheets``: sheet_id -> (title, rows of values)."""
+    _docs(self)["sheets"][token] = dict(sheets)
+
+
+def _deny_doc(self, token: str) -> None:
+    _docs(self)["denied"].add(token)
+
+
+def _doc_check(self, kind: str, token: str) -> None:
+    if token in _docs(self)["denied"]:
+        raise _Reject(DOC_DENIED_CODES[kind], "forbidden: the app has no permission on this document", 403)
+
+
+def _h_docx_raw(self, call, body, doc):
+    _doc_check(self, "docx", doc)
+    text = _docs(self)["docx"].get(doc)
+    if text is None:
+        raise _Reject(1770002, "not found", 404)
+    return self._ok({"content": text})
+
+
+def _h_wiki_node(self, call, body):
+    token = call.query.get("token", "")
+    _doc_check(self, "wiki", token)
+    node = _docs(self)["wiki"].get(token)
+    if node is None:
+        raise _Reject(131005, "not found: document is not in wiki", 404)
+    return self._ok({"node": {"node_token": token, "space_id": "7000", **node}})
+
+
+def _h_sheets_query(self, call, body, tok):
+    _doc_check(self, "sheets", tok)
+    sheets = _docs(self)["sheets"].get(tok)
+    if sheets is None:
+        raise _Reject(1310214, "spreadsheet not found", 404)
+    return self._ok({"sheets": [{"sheet_id": sid, "title": t, "index": i, "resource_type": "sheet"}
+                                for i, (sid, (t, _)) in enumerate(sheets.items())]})
+
+
+def _h_sheet_values(self, call, body, tok, rng):
+    _doc_check(self, "sheets", tok)
+    sheets = _docs(self)["sheets"].get(tok) or {}
+    sid = rng.split("!")[0]
+    if sid not in sheets:
+        raise _Reject(1310214, "sheet not found", 404)
+    return self._ok({"revision": 1, "spreadsheetToken": tok,
+                     "valueRange": {"majorDimension": "ROWS", "range": rng, "values": sheets[sid][1]}})
+
+
+for _name, _fn in (("add_docx", _add_docx), ("add_wiki_node", _add_wiki_node), ("add_sheet", _add_sheet),
+                   ("deny_doc", _deny_doc), ("_h_docx_raw", _h_docx_raw), ("_h_wiki_node", _h_wiki_node),
+                   ("_h_sheets_query", _h_sheets_query), ("_h_sheet_values", _h_sheet_values)):
+    setattr(FakeLark, _name, _fn)
+FakeLark._ROUTES = FakeLark._ROUTES + [
+    (m, re.compile(p + r"\Z"), h, True) for (m, p, h) in [
+        ("GET", r"/open-apis/docx/v1/documents/(?P<doc>[^/]+)/raw_content", "_h_docx_raw"),
+        ("GET", r"/open-apis/wiki/v2/spaces/get_node", "_h_wiki_node"),
+        ("GET", r"/open-apis/sheets/v3/spreadsheets/(?P<tok>[^/]+)/sheets/query", "_h_sheets_query"),
+        ("GET", r"/open-apis/sheets/v2/spreadsheets/(?P<tok>[^/]+)/values/(?P<rng>[^/]+)", "_h_sheet_values"),
+    ]
+]
