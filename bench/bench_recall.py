@@ -228,10 +228,12 @@ async def _run(quick: bool) -> list[str]:
                      f"{g['unrelated_share']:.3f}, other episodes injected beside the right one {g['wrong_alongside']}.")
         lines.append("")
     d = await _decisions()
-    dups_ok = d["duplicates"] == 0 and d["look_alikes_lost"] == 0 and d["corrected"] == d["corrections"]
+    dups_ok = (d["duplicates"] == 0 and d["look_alikes_lost"] == 0 and d["corrected"] == d["corrections"]
+               and d["changed_merged"] == 0)
     lines += table(["fact decisions (FactStore.add, as memory_write)", "value", "target"],
                    [["duplicates left (near-duplicates not merged)", str(d["duplicates"]), "0"],
                     ["look-alikes wrongly superseded/merged", str(d["look_alikes_lost"]), "0"],
+                    ["changed number/date/weekday silently merged", f"{d['changed_merged']}/{d['changed']}", "0"],
                     ["corrections superseding", f"{d['corrected']}/{d['corrections']}",
                      "100 %" + ("" if dups_ok else " **FAILED**")]])
     if e2e["misses"]:

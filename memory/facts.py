@@ -247,6 +247,7 @@ class _Text:
     numbers: tuple[str, ...]
     changed: bool = False
     words: frozenset[str] = frozenset()
+    others: frozenset[str] = frozenset()     # the other people the fact names (_others)
 
 
 def _negated(text: str) -> bool:
@@ -255,9 +256,41 @@ def _negated(text: str) -> bool:
     return bool(_NEG_CN.search(_NEG_CN_NOT.sub("", text)))
 
 
+# Ways of saying "is named" that say the same thing (issue 31): one form before comparing, so
+# "a dog named Max" / "a dog called Max" and 的女儿叫 / 女儿的名字叫 are one fact.
+_NAMING = ((re.compile(r"\b(?:is\s+)?(?:called|named|whose\s+name\s+is)\b", re.I), "named"),
+           (re.compile(r"的?名字(?:叫做|叫|是)|名叫|叫做"), "叫"))
+
+
+# Words naming someone other than the user (issue 31): a fact about a relative or a colleague
+# is never the user's own — "用户的手机号" / "用户母亲的手机号", "lives in Hangzhou" / "her
+# sister lives in Hangzhou" — so two facts naming different people are two facts.
+_OTHERS_ZH = re.compile("|".join(sorted("""母亲 妈妈 父亲 爸爸 父母 爸妈 姐姐 妹妹 哥哥 弟弟 女儿 儿子 丈夫 老公 妻子 老婆
+    太太 先生 男朋友 女朋友 对象 朋友 同事 老板 领导 上司 孩子 爷爷 奶奶 外公 外婆 姥姥 姥爷 叔叔 阿姨 舅舅 姑姑
+    表哥 表姐 表弟 表妹 堂哥 堂姐 室友 邻居 同学 老师 导师 岳父 岳母 公公 婆婆 侄子 侄女 外甥 宝宝""".split(),
+                                        key=len, reverse=True)))
+_OTHERS_EN = re.compile(r"\b(mother|mom|mum|father|dad|parents?|sisters?|brothers?|daughters?|sons?|husband|wife|"
+                        r"boyfriend|girlfriend|partner|friends?|colleagues?|coworkers?|co-workers?|boss|manager|"
+                        r"kids?|child|children|grandmother|grandfather|grandma|grandpa|uncle|aunt|cousin|"
+                        r"roommate|flatmate|neighbou?r|classmate|teacher|in-laws?|nephew|niece|baby)\b", re.I)
+
+
+def _others(text: str) -> frozenset[str]:
+    found = {m.group(0) for m in _OTHERS_ZH.finditer(text)}
+    found |= {m.group(1).casefold().rstrip("s") for m in _OTHERS_EN.finditer(text)}
+    return frozenset(found)
+
+
+def _canonical(text: str) -> str:
+    for pattern, form in _NAMING:
+        text = pattern.sub(form, text)
+    return text
+
+
 @lru_cache(maxsize=2048)   # ~11 KB an entry: a few users at default capacity
 def _analyse(text: str) -> _Text:
     """Everything matching needs about one text (pure; cached, facts are compared repeatedly)."""
+    text = _canonical(text)
     t = unicodedata.normalize("NFKC", text).casefold()
     norm = normalise(text)
     skel = _CHANGE_EN.sub(" ", t)
@@ -275,6 +308,7 @@ def _analyse(text: str) -> _Text:
         numbers=tuple(_NUMBER.findall(t)),
         changed=bool(_CHANGE_EN.search(t) or _CHANGE_CN.search(t)),
         words=_content_words(text),
+        others=_others(t),
     )
 
 
@@ -310,6 +344,8 @@ def _relation(new: _Text, old: _Text, category: str) -> tuple[str, float]:
     if new.norm == old.norm:
         return SAME_FACT, 1.0
     raw = dice(new.grams, old.grams)
+    if new.others != old.others:
+        return UNRELATED, raw          # about different people (the user vs a relative)
     skel = dice(new.skeleton_grams, old.skeleton_grams)
     if new.negated != old.negated:
         if skel >= SAME or (new.changed and skel >= RELATED):

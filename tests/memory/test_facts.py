@@ -478,3 +478,6 @@ async def test_the_fact_decision_set(db):
     r = await D.score(lambda: FactStore(db))
     assert r["duplicates"] == 0 and r["look_alikes_lost"] == 0, r["failures"]
     assert r["corrected"] == r["corrections"] == len(D.CORRECT), r["failures"]
+    # issue 31: a relative's or colleague's attribute stays apart, "named"/"called" and
+    # 的女儿叫/女儿的名字叫 merge, a changed number/date/weekday is never a silent merge
+    assert r["changed"] == len(D.CHANGED) and r["changed_merged"] == 0, r["failures"]
