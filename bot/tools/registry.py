@@ -29,6 +29,8 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 
 import jsonschema
 
+from bot.agent.prompt import fence_material
+from bot.inbound import Material
 from bot.log import get_logger
 from bot.tools.base import ToolContext, ToolError, ToolOutcome
 from memory.llm import ToolSpec
@@ -98,10 +100,8 @@ def _kind(chat_type: str) -> str:
 
 
 def fence(source: str, text: str) -> str:
-    """A tool result as data. Swapped for bot.agent.prompt.fence_material once it lands."""
-    body = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    src = source.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
-    return f'<untrusted_content kind="tool" source="{src}" author="" time="">{body}</untrusted_content>'
+    """A tool result as data: the one fence of all third-party material (trust marking)."""
+    return fence_material(Material(kind="tool", source=source, text=text))
 
 
 def cap(text: str, limit: int = MAX_RESULT_CHARS) -> str:
