@@ -711,8 +711,8 @@ async def serve(settings: Settings) -> None:
         log.info("app.console_only", url=app.base_url + "/",
                  note="no LARK_APP_ID/LARK_APP_SECRET: Lark transport off, console only")
     if s.offline_model:
-        log.info("app.offline_model", note="no model key (ANTHROPIC_API_KEY / OPENAI_API_KEY): using the "
-                 "built-in offline model")
+        log.info("app.offline_model", note="no model configured (ANTHROPIC_API_KEY, OPENAI_API_KEY, OPENAI_BASE_URL): "
+                 "using the built-in offline model")
     try:
         await stop.wait()
     finally:

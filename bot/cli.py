@@ -48,7 +48,9 @@ examples:
   ethan memory import --user ou_xxx DIR
   ethan backup /backups/ethan.db           consistent copy while the server runs
 
-Without ANTHROPIC_API_KEY the built-in offline model answers (its answers start with [offline]).
+With no model configured (ANTHROPIC_API_KEY, OPENAI_API_KEY or OPENAI_BASE_URL) the built-in
+offline model answers (its answers start with [offline]). `make run` installs this command as
+.venv/bin/ethan (not on PATH).
 Data lives in $ETHAN_HOME (default ~/.ethan); `python -m bot` is the same command."""
 
 

@@ -2,7 +2,7 @@
 
 The terminal chat starts an ``EthanApp`` in this process with the Lark transport off
 (a copy of the settings with no app id, the HTTP server on a free loopback port — which is
-where the built-in offline model is served when there is no ``ANTHROPIC_API_KEY``). Each
+where the built-in offline model is served when no model is configured). Each
 line the user types becomes a neutral ``Inbound`` (bot/inbound.py) in a p2p chat of its own
 (``oc_cli_<user>``), handed to ``app.conversations.ask`` with this line's ``TerminalReply``:
 dispatcher, handler, slash commands (bot/commands.py), agent and memory are exactly Lark's;
@@ -211,7 +211,7 @@ class TerminalChat:
 
     def _banner(self) -> None:
         s = self.settings
-        model = "offline model (no ANTHROPIC_API_KEY)" if s.offline_model else s.ethan_model
+        model = "offline model (no model configured)" if s.offline_model else s.ethan_model
         self.say(f"Ethan terminal chat — user {self.user_id}, {model}. "
                  "/help for commands; /exit, /quit or Ctrl-D to leave.")
 

@@ -3,6 +3,7 @@ The two commands, what `make test` needs, where `ethan` lives — read from the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -90,3 +91,100 @@ def test_the_readme_cites_only_files_in_the_repository():
         if not (ROOT / name).exists() and not list(ROOT.glob(f"*/{name}")):
             missing.append(name)
     assert not missing, f"README.md cites files that are not in the repository: {sorted(set(missing))}"
+
+
+# -- the docs agree with the code and the latest bench (issue 30 item 13) -------------------------
+
+OPERATIONS = (ROOT / "docs" / "operations.md").read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end > 0 else None]
+
+
+_SCOPE = re.compile(r"`((?:im|cardkit|contact):[a-z_.]+(?::[a-z_]+)?)`")
+
+
+def test_the_scopes_of_the_readme_and_the_operations_guide_agree():
+    readme = _section(README, "## Connecting Lark / Feishu")
+    guide = _section(OPERATIONS, "## 1. Create the Lark/Feishu app")
+    in_readme, in_guide = set(_SCOPE.findall(readme)), set(_SCOPE.findall(guide))
+    assert len(in_readme) >= 6
+    assert in_readme == in_guide, (f"README only: {sorted(in_readme - in_guide)}; "
+                                   f"docs/operations.md §1 only: {sorted(in_guide - in_readme)}")
+    batch = json.loads(re.search(r"```json\n(.*?)```", guide, re.S).group(1))["scopes"]["tenant"]
+    table = {m.group(1) for m in re.finditer(r"^\s*\| `([a-z]+:[a-z_.:]+)` \|", guide, re.M)}
+    assert table <= set(batch), f"the batch-import JSON lacks {sorted(table - set(batch))}"
+
+
+def test_every_event_the_code_handles_is_documented_in_both_places():
+    code = "\n".join(p.read_text() for p in (ROOT / "bot" / "lark").glob("*.py"))
+    events = set(re.findall(r'"((?:im|card)\.[a-z_.]+?(?:_v\d+|\.trigger))"', code))
+    assert {"im.message.receive_v1", "im.message.recalled_v1", "card.action.trigger"} <= events, events
+    readme = _section(README, "## Connecting Lark / Feishu")
+    guide = _section(OPERATIONS, "## 1. Create the Lark/Feishu app")
+    for name, text in (("README 'Connecting Lark / Feishu'", readme), ("docs/operations.md §1", guide)):
+        missing = sorted(e for e in events if f"`{e}`" not in text)
+        assert not missing, f"{name} does not list the events {missing}, which bot/lark handles"
+
+
+def test_the_postgresql_ratio_is_the_latest_bench():
+    bench = (ROOT / "bench" / "README.md").read_text()
+    latest = re.findall(r"^\| after \|.*\*\*(\d\.\d+)×\*\*", bench, re.M)
+    assert latest, "bench/README.md §11 has no 'after' median row"
+    stated = re.findall(r"one\s+replica on PostgreSQL measured (\d\.\d+)×", OPERATIONS)
+    stated += re.findall(r"one replica (\d\.\d+)× SQLite's messages/s", README)
+    assert len(stated) >= 2 and set(stated) == {latest[-1]}, (stated, latest[-1])
+
+
+def test_the_offline_model_is_not_described_as_a_missing_anthropic_key():
+    texts = {"README.md": README, "docs/operations.md": OPERATIONS,
+             "docs/console.md": (ROOT / "docs" / "console.md").read_text(),
+             "bot/cli.py": (ROOT / "bot" / "cli.py").read_text()}
+    wrong = re.compile(r"(?:no|without)\s+`?ANTHROPIC_API_KEY`?(?:\s+in the env file)?\s*(?:[:)(|]|the built-in)|"
+                       r"`?ANTHROPIC_API_KEY`?\s+empty to use the built-in offline", re.I)
+    bad = {name: m.group(0) for name, text in texts.items() for m in [wrong.search(text)] if m}
+    assert not bad, f"the offline model runs when no model at all is configured: {bad}"
+
+
+async def test_the_offline_healthz_example_is_what_the_server_answers(tmp_path):
+    from bot.app import EthanApp
+    from tests.web.conftest import offline_settings
+    import aiohttp
+
+    example = json.loads(re.search(r"Expected `/healthz` body of step 2.*?```json\n(.*?)\n```",
+                                   OPERATIONS, re.S).group(1))
+    app = EthanApp(offline_settings(tmp_path, ethan_model=""))
+    await app.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.get(app.base_url + "/healthz") as r:
+            real = await r.json()
+    finally:
+        await app.stop()
+    assert set(example) == set(real), (sorted(set(example) ^ set(real)))
+    for key in ("status", "ready", "database", "transport", "model", "provider", "model_ok", "offline_model"):
+        assert example[key] == real[key], (key, example[key], real[key])
+
+
+_NOT_SETTINGS = {"ETHAN_CHROMIUM", "ETHAN_PG_BINDIR", "ETHAN_CI_IN_CLONE"}   # the test suite's own
+
+
+def test_every_documented_setting_is_read_by_the_code_and_every_setting_is_documented():
+    from bot.config import Settings
+
+    # config.yaml-only mappings (providers:, mcp_servers:, tools:) are not environment variables
+    fields = {name.upper() for name in Settings.model_fields
+              if name.startswith(("ethan_", "lark_", "anthropic_", "openai_"))}
+    env_example = set(re.findall(r"^([A-Z][A-Z0-9_]*)=", (ROOT / ".env.example").read_text(), re.M))
+    undocumented = sorted(fields - env_example)
+    assert not undocumented, f".env.example does not document {undocumented}"
+    docs = {"README.md": README, "docs/operations.md": OPERATIONS, ".env.example": (ROOT / ".env.example").read_text(),
+            **{f"docs/{p.name}": p.read_text() for p in (ROOT / "docs").glob("*.md")}}
+    unknown = {}
+    for name, text in docs.items():
+        for var in set(re.findall(r"\b((?:ETHAN|LARK)_[A-Z0-9_]*[A-Z0-9])\b", text)):
+            if var not in fields and var not in _NOT_SETTINGS:
+                unknown.setdefault(name, []).append(var)
+    assert not unknown, f"documented variables that bot/config.py does not read: {unknown}"
