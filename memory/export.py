@@ -22,6 +22,11 @@ Layout of an export directory (UTF-8, JSON pretty-printed with two spaces):
     ``started_at`` / ``ended_at`` (the session's dates) and ``turns`` (the lines the users said,
     which the episode index searches beside the summary; an import re-indexes them). A summary
     longer than the store keeps is cut, not refused; a bad record is named by its number.
+``schedules.json``
+    the user's active reminders (ours, beside the spec's four): ``text``, ``chat_id``,
+    ``chat_type``, ``tz``, ``dtstart`` (local), ``rrule``, ``use_model``, ``created_at``. An
+    import adds those that still have an occurrence to come (the next one computed again) and
+    are not there already (same chat, text, start and rule).
 ``manifest.json``
     what the export is (``format``, ``version``, ``user_id``, ``counts``) and what Markdown
     cannot carry: each profile entry's ``visibility`` and provenance (``profile_entries``).
@@ -77,6 +82,7 @@ from memory.profile import (
     resolve_section,
 )
 from memory.scope import PRIVATE_CHAT_TYPES
+from memory.recurrence import RecurrenceError, check_rrule, next_after
 from memory.similarity import normalise
 
 FORMAT = "ethan-memory"
@@ -85,6 +91,7 @@ FACTS, PROCEDURES, PROFILE, EPISODES, MANIFEST = (
     "facts.json", "procedures.json", "user_profile.md", "episodes.json", "manifest.json",
 )
 FILES = (FACTS, PROCEDURES, PROFILE, EPISODES)
+SCHEDULES = "schedules.json"      # optional: exports before reminders have none
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_KEYWORD_CHARS = 40
 MAX_ID_CHARS = 200
@@ -251,6 +258,17 @@ class ImportResult:
     exported_user: str = ""
 
 
+class ScheduleRecord(_Record):
+    text: Annotated[StrictStr, Field(min_length=1, max_length=1000)]
+    chat_id: Annotated[StrictStr, Field(min_length=1, max_length=MAX_ID_CHARS)]
+    chat_type: Literal["p2p", "group"]
+    tz: Annotated[StrictStr, Field(min_length=1, max_length=64)]
+    dtstart: Annotated[StrictStr, Field(min_length=10, max_length=40)]
+    rrule: Annotated[StrictStr, Field(max_length=300)] = ""
+    use_model: bool = False
+    created_at: Timestamp | None = None
+
+
 @dataclass
 class Bundle:
     """A validated export directory, ready to write."""
@@ -262,6 +280,7 @@ class Bundle:
     episodes: list[EpisodeRecord] = field(default_factory=list)
     episode_terms: list[str] = field(default_factory=list)
     episode_chunks: list[list[tuple[str, str]]] = field(default_factory=list)
+    schedules: list[ScheduleRecord] = field(default_factory=list)
     manifest: Manifest | None = None
     present: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
@@ -305,6 +324,9 @@ async def collect(db: Database, user_id: str) -> dict[str, str]:
         chunk_rows = await rows(
             "SELECT c.episode_id, c.text FROM episode_chunks c JOIN episodes e ON e.id = c.episode_id"
             " WHERE e.user_id = ? ORDER BY c.episode_id, c.seq", (user_id,))
+        schedule_rows = await rows(
+            "SELECT text, chat_id, chat_type, tz, dtstart, rrule, use_model, created_at FROM schedules"
+            " WHERE owner_id = ? AND state = 'active' ORDER BY created_at, id", (user_id,))
 
     refs = {r["id"]: n for n, r in enumerate(fact_rows, 1)}
     facts = [
@@ -370,11 +392,18 @@ async def collect(db: Database, user_id: str) -> dict[str, str]:
                    "episodes": len(episodes)},
         "profile_entries": profile_meta,
     }
+    schedules = [
+        {"text": r["text"], "chat_id": r["chat_id"], "chat_type": r["chat_type"], "tz": r["tz"],
+         "dtstart": r["dtstart"], "rrule": r["rrule"], "use_model": bool(r["use_model"]),
+         "created_at": r["created_at"]}
+        for r in schedule_rows
+    ]
     return {
         FACTS: _json(facts),
         PROCEDURES: _json(procedures),
         PROFILE: render(grouped, title=True),
         EPISODES: _json(episodes),
+        SCHEDULES: _json(schedules),
         MANIFEST: _json(manifest),
     }
 
@@ -547,6 +576,13 @@ def read_bundle(directory: str | Path) -> Bundle:
             sessions[e.session_id] = n
         b.episode_terms = [summary_terms(e.summary, e.keywords) for e in b.episodes]
         b.episode_chunks = [prepare_chunks(e.turns) for e in b.episodes]
+    if (d / SCHEDULES).is_file():
+        b.schedules = _records(d / SCHEDULES, ScheduleRecord, "reminder")
+        for n, s in enumerate(b.schedules, 1):
+            try:
+                next_after(s.dtstart, s.tz, check_rrule(s.rrule), 0.0)
+            except (RecurrenceError, ValueError) as e:
+                raise ImportRefused(f"{SCHEDULES}: reminder {n}: {e}") from None
     return b
 
 
@@ -719,4 +755,25 @@ async def import_user(db: Database, user_id: str, directory: str | Path, *,
                 unchanged += 1
             await cur.close()
         result.added["episodes"], result.unchanged["episodes"] = added, unchanged
+
+        # -- reminders -----------------------------------------------------------------
+        added = unchanged = 0
+        for s in bundle.schedules:
+            rule = check_rrule(s.rrule)
+            if await one("SELECT id FROM schedules WHERE owner_id = ? AND state = 'active' AND chat_id = ?"
+                         " AND text = ? AND dtstart = ? AND rrule = ?", (user_id, s.chat_id, s.text, s.dtstart, rule)):
+                unchanged += 1
+                continue
+            due = next_after(s.dtstart, s.tz, rule, now, inclusive=True)
+            if due is None:           # nothing left to send
+                unchanged += 1
+                continue
+            await tx.execute(
+                "INSERT INTO schedules(owner_id, chat_id, chat_type, text, use_model, tz, dtstart, rrule, next_due,"
+                " state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)",
+                (user_id, s.chat_id, s.chat_type, s.text, int(s.use_model), s.tz, s.dtstart, rule, due,
+                 s.created_at if s.created_at is not None else now, now))
+            added += 1
+        if bundle.schedules:
+            result.added["schedules"], result.unchanged["schedules"] = added, unchanged
     return result

@@ -16,7 +16,7 @@ from tests.conftest import BACKENDS
 async def open_target(target):
     return await open_target_db(target).open()
 from memory.episodic import EpisodeStore
-from memory.export import FILES, MANIFEST, ImportRefused, collect, export_user, import_user, read_bundle
+from memory.export import FILES, MANIFEST, SCHEDULES, ImportRefused, collect, export_user, import_user, read_bundle
 from memory.facts import FactStore
 from memory.procedures import ProcedureStore
 from memory.profile import ProfileStore
@@ -115,7 +115,7 @@ async def fresh(tmp_path, backend, request):
 async def test_export_writes_the_spec_layout_for_one_user(filled, tmp_path):
     out = tmp_path / "export"
     result = await export_user(filled, ALICE, out)
-    assert sorted(p.name for p in result.files) == sorted((*FILES, MANIFEST))
+    assert sorted(p.name for p in result.files) == sorted((*FILES, SCHEDULES, MANIFEST))
     assert result.counts == {"facts": 5, "procedures": 2, "profile_entries": 4, "episodes": 2}
 
     facts = json.loads((out / "facts.json").read_text(encoding="utf-8"))
@@ -368,3 +368,34 @@ async def test_episodes_carry_their_turns_and_dates_and_long_text_is_accepted(fi
     found = await EpisodeStore(fresh).search(ALICE, "柯基")      # said in the turns only
     assert [e.session_id for e in found] == ["s_20260612_0151_b18c"]
     assert found[0].started_at == 1_781_000_000.0 and len(found[0].summary) <= 4000
+
+
+async def test_active_reminders_travel_with_the_export_and_are_imported_once(filled, fresh, tmp_path):
+    import time as _time
+
+    from memory.schedules import ScheduleStore
+
+    store = ScheduleStore(filled)
+    soon = _time.strftime("%Y-%m-%dT%H:%M", _time.localtime(_time.time() + 86400))
+    await store.add(owner_id=ALICE, chat_id="oc_a", chat_type="p2p", text="给客户回电话", tz="Asia/Shanghai",
+                    dtstart=soon)
+    weekly = await store.add(owner_id=ALICE, chat_id="oc_g", chat_type="group", text="weekly report",
+                             tz="Europe/Berlin", dtstart="2026-03-02T10:00", rrule="FREQ=WEEKLY;BYDAY=MO")
+    gone = await store.add(owner_id=ALICE, chat_id="oc_a", chat_type="p2p", text="cancelled", tz="UTC", dtstart=soon)
+    await store.cancel(gone.id, owner_id=ALICE)
+    await store.add(owner_id="ou_other", chat_id="oc_o", chat_type="p2p", text="not Alice's", tz="UTC", dtstart=soon)
+    out = tmp_path / "out"
+    await export_user(filled, ALICE, out)
+    exported = json.loads((out / SCHEDULES).read_text())
+    assert sorted(r["text"] for r in exported) == ["weekly report", "给客户回电话"]
+    result = await import_user(fresh, ALICE, out)
+    assert (result.added["schedules"], result.unchanged["schedules"]) == (2, 0)
+    again = await import_user(fresh, ALICE, out)
+    assert (again.added["schedules"], again.unchanged["schedules"]) == (0, 2)
+    imported = {j.text: j for j in await ScheduleStore(fresh).for_owner(ALICE)}
+    assert set(imported) == {"weekly report", "给客户回电话"}
+    assert imported["weekly report"].next_due == weekly.next_due or imported["weekly report"].next_due > _time.time()
+    _edit = out / SCHEDULES
+    _edit.write_text(json.dumps([{**exported[0], "rrule": "FREQ=SOMETIMES"}]))
+    with pytest.raises(ImportRefused, match="schedules.json: reminder 1"):
+        await import_user(fresh, ALICE, out)
