@@ -46,6 +46,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("tools", "bench.bench_tools", "13. The tool port: overhead per call and schema tokens"),
     ("paired", "bench.bench_paired", "12. CPU per message against an older commit, side by side"),
     ("reminders", "bench.bench_reminders", "13. Reminders: due-job pick-up latency and idle CPU"),
+    ("group_context", "bench.bench_group_context", "15. The cost of a group's discussion when @-mentioned"),
 ]
 
 

@@ -270,6 +270,10 @@ class EthanApp:
 
             deps.quote = LarkQuotes(self.lark_api, self.names, vision=deps.vision, pool=self.parse_pool)
             from bot.lark.chats import CachedChatModes
+            from bot.lark.discussion import LarkDiscussion
+
+            deps.discussion = LarkDiscussion(self.lark_api, self.names,
+                                             budget_tokens=s.ethan_group_context_tokens)
 
             deps.decode = LarkDecoder(self.bot_open_id, CachedChatModes(self.lark_api).is_topic_chat)
         self.handler = MessageHandler(deps)

@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     # When a user recalls a message Ethan already answered, recall Ethan's answer too (it
     # usually repeats what was recalled). Off by default: the answer may matter to others.
     ethan_recall_replies: bool = False
+    # When @-mentioned in a group, what was said there since Ethan last answered (message-list
+    # API, bot/lark/discussion.py), at most this many tokens; 0 = the @-message alone.
+    ethan_group_context_tokens: int = Field(default=2000, ge=0, le=50_000)
     ethan_host: str = "127.0.0.1"
     ethan_port: int = Field(default=8080, ge=0, le=65535)     # 0 = any free port (tests)
     ethan_console_token: str = ""

@@ -109,6 +109,8 @@ class HandlerDeps:
     vision: Callable[[], bool] = lambda: True   # the answering model reads image blocks
     # Fetches the message a reply quotes (bot/quoting.py); None: the quote is not read.
     quote: "QuoteFetch | None" = None
+    # When @-mentioned in a group: the discussion before the message, fenced ("" = none).
+    discussion: Callable[[Inbound], Awaitable[str]] | None = None
 
 
 class MessageHandler:
@@ -253,18 +255,25 @@ class MessageHandler:
                 # The user's words, then what is not theirs fenced as data (stored so, too).
                 text = with_material(inbound.text, inbound.material)
                 images = tuple(prepared.images) if prepared is not None else ()
+                # Other people's words fetched for this answer (the group's discussion, the
+                # quoted message): fenced the same way, sent with this request only, never stored.
+                material: list[str] = []
+                if inbound.chat_type != "p2p" and d.discussion is not None:
+                    block = await d.discussion(inbound)
+                    if block:
+                        material.append(block)
                 if inbound.parent_id and d.quote is not None:
-                    # The quoted message is data after the user's words (its image, if any,
-                    # goes with this request only); an unreadable one becomes a short note.
+                    # The quoted message is data for this request only (its image too); an
+                    # unreadable one becomes a short note.
                     q = await d.quote(inbound)
-                    text = f"{text}\n\n{quote_block(q)}"
+                    material.append(quote_block(q))
                     images = images + q.images
                     bound.info("quote.read", parent_id=inbound.parent_id,
                                chars=len(q.text), images=len(q.images), error=q.error)
                 turn = UserTurn(scope=inbound.scope(is_admin=inbound.admin(d.is_admin)),
                             text=text, sender_name=name,
                             message_id=inbound.message_id, truncated=inbound.truncated,
-                            images=images)
+                            images=images, material="\n\n".join(material))
                 await d.agent.respond(turn, reply)
 
     def skip_reason(self, inbound: Inbound, bot_id: str) -> str:

@@ -8,11 +8,10 @@ does not stop the answer: the model is told, briefly, and says so.
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from bot.inbound import Inbound
+from bot.inbound import Inbound, Material
 
 MAX_QUOTE_CHARS = 8_000        # of one quoted message into one turn (~2.7k tokens)
 
@@ -31,11 +30,10 @@ QuoteFetch = Callable[[Inbound], Awaitable[Quote]]
 
 
 def fence(kind: str, *, source: str, author: str, when: str, text: str) -> str:
-    """Untrusted material as data (the shape of DESIGN's ``<untrusted_content>``): attributes
-    and text escaped so the quoted text cannot close the fence or open a tag."""
-    a = lambda v: html.escape(v, quote=True)  # noqa: E731
-    return (f'<untrusted_content kind="{a(kind)}" source="{a(source)}" author="{a(author)}" '
-            f'time="{a(when)}">{html.escape(text, quote=False)}</untrusted_content>')
+    """Untrusted material as data, in the one shared form (``bot.agent.prompt.fence_material``)."""
+    from bot.agent.prompt import fence_material
+
+    return fence_material(Material(kind=kind, source=source, author=author, when=when, text=text))
 
 
 def quote_block(q: Quote) -> str:

@@ -49,6 +49,10 @@ class UserTurn:
     # Image blocks (memory.llm.ImageBlock) read with this message: sent in this request only;
     # history keeps the text's reference to them (bot/attachments.py).
     images: tuple[dict, ...] = ()
+    # Untrusted material for this request only (the quoted message, the group's discussion),
+    # already fenced as data: in front of the user's words, never stored in history — so
+    # consolidation never reads other people's words as the user's.
+    material: str = ""
 
 
 @dataclass
@@ -179,6 +183,8 @@ class Agent:
         # the user's words, after every cached part; breakpoints where the prefix is cacheable.
         system = build_system(blocks)
         messages = with_context(messages, volatile_context(blocks, today=dt.date.today().isoformat()))
+        if turn.material:
+            messages = with_context(messages, turn.material)
         if turn.images:
             messages = with_images(messages, turn.images)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,

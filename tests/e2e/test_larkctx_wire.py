@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import aiohttp
 import pytest
@@ -75,6 +76,14 @@ async def _ask(srv, lark, model, event, n: int = 1):
     return model.chat_requests()[-1]
 
 
+def _request_text(req) -> str:
+    """Every text block of the last user message (context, material and the user's words)."""
+    last = [m for m in req.json["messages"] if m["role"] == "user"][-1]
+    content = last["content"]
+    return content if isinstance(content, str) else "\n".join(
+        b.get("text", "") for b in content if b.get("type") == "text")
+
+
 def _image_urls(req) -> list[str]:
     """Image blocks of the last user message as each API carries them (base64 data)."""
     if getattr(req, "wire", None):
@@ -93,11 +102,14 @@ async def test_reply_to_a_text_puts_the_quote_with_its_sender_in_the_request(ser
                      create_ms=1764468000000)
     model.script(Text("Bob 说下周三上线前要备份数据库。"))
     req = await _ask(serve, lark, model, make_text_event("总结一下这条", parent_id="om_parent_text", **ALICE))
-    text = model.last_user_text(req)
+    text = _request_text(req)
     assert "总结一下这条" in text
     assert ('<untrusted_content kind="quoted" source="om_parent_text" author="Bob" '
             'time="2025-11-30T02:00:00+00:00">下周三上线，别忘了备份数据库</untrusted_content>') in text
     assert lark.calls_to("/open-apis/im/v1/messages/om_parent_text", "GET")
+    # Data for this request only: the stored history keeps the user's own words.
+    stored = [r["content"] for r in sqlite_rows(serve.db_path, "SELECT content FROM messages WHERE role = 'user'")]
+    assert stored == ["总结一下这条"]
 
 
 async def test_reply_to_a_post_reads_its_markdown(serve, lark, model):
@@ -106,7 +118,7 @@ async def test_reply_to_a_post_reads_its_markdown(serve, lark, model):
     lark.add_message("om_parent_post", "oc_p2p_alice", msg_type="post", content=post)
     model.script(Text("好的。"))
     req = await _ask(serve, lark, model, make_text_event("这个计划靠谱吗", parent_id="om_parent_post", **ALICE))
-    text = model.last_user_text(req)
+    text = _request_text(req)
     assert "## 发布计划\n```python\nprint('freeze')\n```" in text, text
     assert "<b>" not in text      # the old flattening (and tags) not used when content_v2 is there
 
@@ -118,7 +130,7 @@ async def test_reply_to_an_image_sends_the_image_block(serve, lark, model):
     model.script(Text("一张蓝色的图。"))
     req = await _ask(serve, lark, model, make_text_event("图里是什么", parent_id="om_parent_img", **ALICE))
     assert _image_urls(req) == [base64.b64encode(img).decode()]
-    assert "img_v3_q" in model.last_user_text(req)
+    assert "img_v3_q" in _request_text(req)
 
 
 async def test_reply_to_a_merged_forward_reads_its_children(serve, lark, model):
@@ -128,7 +140,7 @@ async def test_reply_to_a_merged_forward_reads_its_children(serve, lark, model):
     ])
     model.script(Text("周五去爬山，Carol 带水。"))
     req = await _ask(serve, lark, model, make_text_event("他们定了什么", parent_id="om_parent_fwd", **ALICE))
-    text = model.last_user_text(req)
+    text = _request_text(req)
     assert "Bob: 周五团建去爬山" in text and "Carol: 我带水" in text
 
 
@@ -142,7 +154,7 @@ async def test_an_unreadable_quote_is_answered_anyway_with_a_note(serve, lark, m
         lark.deny_message("om_gone")
     model.script(Text("那条消息我读不到。"))
     req = await _ask(serve, lark, model, make_text_event("这条说的啥", parent_id="om_gone", **ALICE))
-    text = model.last_user_text(req)
+    text = _request_text(req)
     assert "could not be read" in text and "秘密" not in text
     [sent] = lark.messages(chat_id="oc_p2p_alice")
     assert "读不到" in sent.text
@@ -211,3 +223,65 @@ async def test_a_topic_group_keeps_one_session_per_topic(serve, lark, model):
     assert "话题 B：招聘" in history and "部署" not in history      # topic A is another conversation
     rows = sqlite_rows(serve.db_path, "SELECT conv_key, thread_id FROM sessions ORDER BY conv_key")
     assert sorted(r["thread_id"] for r in rows) == sorted([a_id, b_id]), [dict(r) for r in rows]
+
+
+# -- the group's discussion -------------------------------------------------------------------
+
+DISCUSSION = [("ou_alice", "周五的发布要不要推迟？"), ("ou_bob", "我觉得推迟到下周一"),
+              ("ou_carol", "测试还没跑完，同意推迟"), ("ou_alice", "那数据库迁移呢"),
+              ("ou_bob", "迁移脚本我周日再检查一遍")]
+
+
+async def _discuss(serve, lark, chat: str, said=DISCUSSION, *, ago_s: float = 600) -> None:
+    """Members talk without @-mentioning Ethan (Lark delivers these only with
+    im:message.group_msg; Ethan ignores them either way)."""
+    t0 = int((time.time() - ago_s) * 1000)
+    async with aiohttp.ClientSession() as http:
+        for i, (who, text) in enumerate(said):
+            ev = make_text_event(text, chat_id=chat, chat_type="group", sender=who, create_time_ms=t0 + i * (1000 if ago_s else 10))
+            lark.register_inbound(ev)
+            assert await post_event(http, serve.url, ev) == 200
+
+
+async def test_an_at_in_a_group_sees_the_discussion_with_names_never_stored(serve, lark, model):
+    await _discuss(serve, lark, "oc_team_talk")
+    model.script(Text("大家倾向于推迟到下周一，Bob 周日检查迁移脚本。"))
+    req = await _ask(serve, lark, model, make_text_event("总结一下上面的讨论", chat_id="oc_team_talk",
+                                                         sender="ou_dave", **GROUP))
+    text = _request_text(req)
+    block = text.split('<untrusted_content kind="group"', 1)[1].split("</untrusted_content>", 1)[0]
+    said = [line.split("] ", 1)[1] for line in block.split(">", 1)[1].split("\n")]
+    assert said == [f"{lark.users[w]}: {t}" for w, t in DISCUSSION], block
+    assert "总结一下上面的讨论" in model.last_user_text(req)
+    # Other members' words are context for this answer: not in the history consolidation
+    # reads, so never the asker's facts or profile.
+    stored = [r["content"] for r in sqlite_rows(serve.db_path, "SELECT content FROM messages")]
+    assert not any(t in c for c in stored for _, t in DISCUSSION), stored
+    assert not any(t in json.dumps(r.json, ensure_ascii=False) for r in model.requests
+                   if r not in model.chat_requests() for _, t in DISCUSSION)
+
+
+async def test_the_discussion_starts_after_ethans_last_answer(serve, lark, model):
+    await _discuss(serve, lark, "oc_team_again", DISCUSSION[:2])
+    model.script(Text("第一次回答。"), Text("第二次回答。"))
+    await _ask(serve, lark, model, make_text_event("怎么看", chat_id="oc_team_again", sender="ou_dave", **GROUP))
+    await _discuss(serve, lark, "oc_team_again", DISCUSSION[2:], ago_s=0)
+    req = await _ask(serve, lark, model, make_text_event("现在呢", chat_id="oc_team_again",
+                                                         sender="ou_dave", **GROUP), n=2)
+    text = _request_text(req)
+    assert all(t in text for _, t in DISCUSSION[2:]) and not any(t in text for _, t in DISCUSSION[:2]), text
+    lark_budget = [e for e in serve.entries() if e.get("event") == "group_context.read"]
+    assert [e["messages"] for e in lark_budget] == [2, 3]
+
+
+async def test_without_the_scope_one_log_line_and_the_at_message_alone(serve, lark, model):
+    lark.deny_message("oc_team_noscope", 99991672)
+    await _discuss(serve, lark, "oc_team_noscope")
+    model.script(Text("好的。"), Text("好的。"))
+    req = await _ask(serve, lark, model, make_text_event("总结一下", chat_id="oc_team_noscope",
+                                                         sender="ou_dave", **GROUP))
+    await _ask(serve, lark, model, make_text_event("再总结一下", chat_id="oc_team_noscope",
+                                                   sender="ou_dave", **GROUP), n=2)
+    assert "untrusted_content" not in _request_text(req)
+    lines = [e for e in serve.entries() if e.get("event") == "group_context.unavailable"]
+    assert len(lines) == 1 and "im:message.group_msg" in lines[0]["missing_scope"]

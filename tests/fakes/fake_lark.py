@@ -538,6 +538,7 @@ class FakeLark(ThreadedAiohttpServer):
         self.chats: dict[str, str] = dict(chats or {})
         # chat_id -> chat_mode ("topic" for a topic-mode group: group_message_type "thread")
         self.chat_modes: dict[str, str] = {}
+        self.list_pages = 0      # message-list pages served
         self.latency: float = 0.0
         self.enforce_chat_qps: int | None = None
         self.invalid_token_status: int = 400
@@ -794,6 +795,7 @@ class FakeLark(ThreadedAiohttpServer):
             ("GET", r"/open-apis/bot/v3/info/?", "_h_bot_info", True),
             ("POST", r"/callback/ws/endpoint", "_h_ws_endpoint", False),
             ("POST", r"/open-apis/im/v1/messages", "_h_create", True),
+            ("GET", r"/open-apis/im/v1/messages", "_h_list", True),
             ("POST", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)/reply", "_h_reply", True),
             ("PATCH", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)", "_h_patch", True),
             ("PUT", r"/open-apis/im/v1/messages/(?P<mid>[^/]+)", "_h_update", True),
@@ -1169,6 +1171,34 @@ class FakeLark(ThreadedAiohttpServer):
                 message_id, "inbound", chat_id, None, None, None, False, "", "", "", msg_type, raw,
                 json.loads(raw) if raw.startswith("{") else {}, None, ms / 1000, ms,
                 current_type=msg_type, current_raw=raw, inbound=True, sender_id=sender)
+
+    def _h_list(self, call, body):
+        """The message list of a chat (container_id_type=chat), as Lark pages it: start_time /
+        end_time in seconds (inclusive), sort_type ByCreateTimeAsc (default) or
+        ByCreateTimeDesc, page_size ≤ 50, an opaque page_token."""
+        q = call.query
+        if q.get("container_id_type") != "chat" or not q.get("container_id"):
+            raise _Reject(230001, "Your request contains an invalid request parameter: container_id_type/container_id")
+        chat = q["container_id"]
+        with self._lock:
+            denied = self._denied.get(chat)
+        if denied is not None:
+            raise _Reject(denied, "Access denied. One of the following scopes is required: "
+                          "[im:message.group_msg, im:message.history:readonly]")
+        size = int(q.get("page_size") or 20)
+        if not 1 <= size <= 50:
+            raise _Reject(230001, "Your request contains an invalid request parameter: page_size")
+        lo = int(q["start_time"]) * 1000 if q.get("start_time") else None
+        hi = int(q["end_time"]) * 1000 + 999 if q.get("end_time") else None
+        with self._lock:
+            rows = [m for m in self._msgs.values() if m.chat_id == chat
+                    and (lo is None or m.create_ms >= lo) and (hi is None or m.create_ms <= hi)]
+            rows.sort(key=lambda m: (m.create_ms, m.message_id), reverse=q.get("sort_type") == "ByCreateTimeDesc")
+            start = int(q.get("page_token") or 0)
+            page = [self._message_data(m) for m in rows[start:start + size]]
+        more = start + size < len(rows)
+        self.list_pages += 1
+        return self._ok({"has_more": more, "page_token": str(start + size) if more else "", "items": page})
 
     def deny_message(self, message_id: str, code: int = 230027) -> None:
         """GET of ``message_id`` answers ``code`` (default: lack of necessary permissions)."""
