@@ -169,8 +169,7 @@ class Scheduler:
                 self.on_sent(self.clock() - due)
             mid = await self.deliver(job, text, uuid)
         except Undeliverable as e:
-            await self.store.finish(job, due, "failed", detail=str(e)[:300])
-            await self.store.stop(job.id, str(e))
+            await self.store.give_up(job, due, str(e))
             log.warning("reminder.stopped", reason=str(e)[:200], **ids)
             return
         recorded = await self.store.finish(job, due, "late" if late else "sent", lark_message_id=mid,

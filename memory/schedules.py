@@ -223,6 +223,11 @@ class ScheduleStore:
         return await self.db.write(_finish, job.id, self.owner, due_at, status, nxt, self.clock(),
                                    lark_message_id, detail[:500])
 
+    async def give_up(self, job: Schedule, due_at: float, reason: str) -> bool:
+        """The chat cannot be sent to any more: the occurrence is recorded ``failed`` and the
+        job ``stopped`` (whatever its rule), in one transaction, by the claim's holder only."""
+        return await self.db.write(_give_up, job.id, self.owner, due_at, self.clock(), reason[:500])
+
     async def release(self, job_id: int) -> None:
         """Give a claim back (a send that failed transiently: the next poll retries it)."""
         await self.db.execute(
@@ -260,6 +265,17 @@ def _claim(conn: Any, owner: str, now: float, until: float, limit: int) -> list:
     conn.execute(f"UPDATE schedules SET claim_owner = ?, lease_until = ? WHERE id IN ({marks})",
                  (owner, until, *ids))
     return conn.execute(f"SELECT * FROM schedules WHERE id IN ({marks}) ORDER BY next_due, id", ids).fetchall()
+
+
+def _give_up(conn: Any, job_id: int, owner: str, due_at: float, now: float, reason: str) -> bool:
+    held = conn.execute(
+        "UPDATE schedules SET state = 'stopped', note = ?, claim_owner = NULL, lease_until = 0, updated_at = ?"
+        " WHERE id = ? AND claim_owner = ? AND next_due = ? AND state = 'active'",
+        (reason, now, job_id, owner, due_at)).rowcount > 0
+    if held:
+        conn.execute("INSERT INTO schedule_deliveries(schedule_id, due_at, status, at, lark_message_id, detail)"
+                     " VALUES (?,?,'failed',?,'',?) ON CONFLICT DO NOTHING", (job_id, due_at, now, reason))
+    return held
 
 
 def _finish(conn: Any, job_id: int, owner: str, due_at: float, status: str, nxt: float | None, now: float,
