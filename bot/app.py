@@ -40,6 +40,7 @@ from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.text import is_chinese
 from bot.tools import memory_tools
+from bot.tools.confirm import ToolConfirmations
 from bot.tools.lark_docs import LarkDocs
 from bot.tools.mcp import McpServers
 from bot.tools.registry import ToolRegistry
@@ -127,6 +128,7 @@ class EthanApp:
         self.models: Models | None = None
         self.tools: ToolRegistry | None = None
         self.mcp: McpServers | None = None
+        self.confirmations = ToolConfirmations()   # side-effecting tool calls awaiting a click
         self.mcp_ping_seconds = 15.0     # how soon an idle MCP server's death is noticed
         # The model's state for /healthz: None until checked; "" when fine; else the one line
         # naming the setting (a wrong key, an unknown model, an unreachable endpoint).
@@ -282,7 +284,8 @@ class EthanApp:
                                      on_idle=self.replicas.on_idle if self.replicas is not None else None)
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc(),
-                             on_recall=lambda message_id: cancel_pending(self.db, message_id))
+                             on_recall=lambda message_id: cancel_pending(self.db, message_id),
+                             on_tool_click=self.confirmations.click)
         if s.lark_enabled:
             self._spawn(self._resolve_identity(), "identity")
             if s.lark_transport == "ws":
@@ -608,6 +611,7 @@ class EthanApp:
                           cards=self.outbox, resumed=resumed)
         if self.settings.ethan_recall_replies and self.outbox is not None:
             reply.record_sent = self.outbox.text_sent
+        reply.tool_confirmations, reply.asker = self.confirmations, inbound.sender_id
         return reply
 
     # -- stop ------------------------------------------------------------------------

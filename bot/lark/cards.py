@@ -96,6 +96,24 @@ def confirm_card(question: str, *, command: str, user_id: str, chat_type: str) -
     }
 
 
+def tool_confirm_card(question: str, *, token: str, user_id: str) -> dict[str, Any]:
+    """A side-effecting tool call in a group, waiting for the asker's click (bot/tools/confirm.py)."""
+    def button(label: str, kind: str, style: str) -> dict[str, Any]:
+        return {"tag": "button", "text": {"tag": "plain_text", "content": label}, "type": style,
+                "behaviors": [{"type": "callback", "value": {"ethan": kind, "token": token, "user": user_id}}]}
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True, "summary": {"content": summary_of(question)}},
+        "body": {"elements": [
+            {"tag": "markdown", "content": question},
+            {"tag": "column_set", "columns": [
+                {"tag": "column", "elements": [button("确认执行 Run it", "tool_confirm", "primary")]},
+                {"tag": "column", "elements": [button("取消 Cancel", "tool_cancel", "default")]},
+            ]},
+        ]},
+    }
+
+
 def confirm_outcome_card(answer: str, outcome: str) -> dict[str, Any]:
     """The card after the click: the outcome, no buttons (a second click has nothing to press)."""
     title = "✅ 已执行 Done" if outcome == "confirmed" else "↩️ 已取消 Cancelled"

@@ -36,7 +36,8 @@ MAX_HOLD_S = 1.0         # a conversation's work waits at most this long behind 
 class Intake:
     def __init__(self, inbox: Inbox, dispatcher: Dispatcher, *, clock=time.time,
                  on_event: Callable[[str], None] | None = None,
-                 on_recall: Callable[[str], Awaitable[int]] | None = None) -> None:
+                 on_recall: Callable[[str], Awaitable[int]] | None = None,
+                 on_tool_click: Callable[[str, str, bool], str] | None = None) -> None:
         self.inbox = inbox
         self.dispatcher = dispatcher
         self.clock = clock
@@ -44,6 +45,9 @@ class Intake:
         # A recall cancels its message's pending answer at once: in its mailbox the recall
         # would wait behind the very message it cancels.
         self.on_recall = on_recall
+        # A click on a tool-confirm card decides at once (bot/tools/confirm.py): the turn that
+        # waits for it holds the chat's mailbox. The row is still handled (and ignored) in order.
+        self.on_tool_click = on_tool_click
         self._active = 0
         self._last_done = 0.0
         self._idle: asyncio.Event | None = None
@@ -128,6 +132,14 @@ class Intake:
         if stale:
             bound.info("event.ignored", reason="older than 30 minutes")
             return IntakeResult("ignored", "stale")
+        if spec.kind == "card_action" and self.on_tool_click is not None:
+            value = ev.action.value or {}
+            if value.get("ethan") in ("tool_confirm", "tool_cancel"):
+                clicker = ev.operator.open_id
+                outcome = self.on_tool_click(str(value.get("token", "")), clicker,
+                                             value.get("ethan") == "tool_confirm")
+                bound.info("tool.confirm_click", outcome=outcome, user_id=clicker,
+                           asked_by=str(value.get("user", "")))
         if spec.kind == "recall" and self.on_recall is not None and r.message_id:
             if await self.on_recall(r.message_id):
                 bound.info("event.recall_cancelled_reply")

@@ -76,6 +76,8 @@ class LarkReply:
         log=None,
     ) -> None:
         self._sender = sender
+        self.tool_confirmations = None   # bot.tools.confirm.ToolConfirmations (set by the app)
+        self.asker = ""                  # the open_id whose click may confirm a tool call
         self.record_sent = None      # Outbox.text_sent when replies may be recalled (ETHAN_RECALL_REPLIES)
         self._wall_clock = wall_clock
         self._cards = cards
@@ -149,6 +151,45 @@ class LarkReply:
             # The handler knows no Lark codes: say whether the answer can ever be delivered.
             raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=e.category in GIVE_UP,
                                 code=e.code, category=e.category.value) from e
+
+    async def confirm_tool(self, name: str, args: dict) -> bool:
+        """Ask the asker to confirm a side-effecting tool call (a group): a card with run /
+        cancel buttons; True only after the asker's click within CONFIRM_WAIT_S."""
+        import asyncio
+        import json as _json
+
+        from bot.lark.cards import confirm_outcome_card, tool_confirm_card
+        from bot.tools.confirm import CONFIRM_WAIT_S
+
+        conf = self.tool_confirmations
+        if conf is None or not self.asker:
+            return False
+        token, fut = conf.open(self.asker)
+        shown = _json.dumps(args, ensure_ascii=False)[:600]
+        question = defuse_mentions(f"要执行 **{name}** 吗？ / Run **{name}**?\n\n`{shown}`\n\n"
+                                   "只有提问的人可以确认。 / Only the person who asked can confirm.")
+        try:
+            mid = await self._sender.reply(self.message_id, "interactive",
+                                           tool_confirm_card(question, token=token, user_id=self.asker),
+                                           uuid=derive_uuid(self.uuid_base, f"tool-{token}"),
+                                           chat_id=self.chat_id, in_thread=self.in_thread)
+        except LarkApiError as e:
+            conf.close(token)
+            self._log.info("lark.tool_confirm.failed", **e.log_fields())
+            return False
+        try:
+            yes = await asyncio.wait_for(fut, CONFIRM_WAIT_S)
+        except asyncio.TimeoutError:
+            yes = False
+        finally:
+            conf.close(token)
+        self._log.info("tool.confirm", tool=name, confirmed=yes)
+        try:
+            await self._sender.api.request("PATCH", f"/open-apis/im/v1/messages/{mid}", json={"content": _json.dumps(
+                confirm_outcome_card(f"`{name}`", "confirmed" if yes else "cancelled"), ensure_ascii=False)})
+        except Exception:  # noqa: BLE001 — the card's look is cosmetic; the decision stands
+            pass
+        return yes
 
     async def ask_confirm(self, text: str, *, command: str, user_id: str, chat_type: str) -> None:
         """A destructive command's question as a card with confirm/cancel buttons (the typed

@@ -190,3 +190,55 @@ async def test_stdio_servers_die_with_a_sigkilled_ethan(tmp_path):
         finally:
             if server.proc and server.proc.poll() is None:
                 server.proc.kill()
+
+
+GROUP = dict(chat_id="oc_group_team", chat_type="group", sender="ou_alice")
+
+
+async def test_side_effects_in_groups_are_off_by_default(tmp_path):
+    async with Harness(tmp_path, mcp_servers={"team": stdio_config(tmp_path)}) as h:
+        await h.send_text("你好", **GROUP)
+        await h.replies(1, timeout=20)
+        names = [t.get("name") or t.get("function", {}).get("name") for t in h.model.chat_requests()[0].json["tools"]]
+        assert "mcp_team__lookup" in names and "mcp_team__create_event" not in names
+        assert "memory_write" in names
+
+
+async def test_a_side_effecting_tool_in_a_group_runs_only_after_the_askers_click(tmp_path):
+    import json as _json
+
+    from tests.fakes.lark_events import make_card_action_event
+    events = tmp_path / "events"
+    async with Harness(tmp_path, mcp_servers={"team": stdio_config(tmp_path)},
+                       tools={"side_effects_in_groups": True}) as h:
+        h.model.script(ToolUse("mcp_team__create_event", {"title": "周会"}))
+        await h.send_text("帮我建个周会", **GROUP)
+        [card] = await h.replies(1, timeout=20)
+        assert card.msg_type == "interactive" and "mcp_team__create_event" in _json.dumps(card.content, ensure_ascii=False)
+        value = next(b["behaviors"][0]["value"] for b in _buttons(card.content) if b["behaviors"][0]["value"]["ethan"] == "tool_confirm")
+        async def click(who):
+            status, _ = await h.post(make_card_action_event(value, chat_id=GROUP["chat_id"], message_id=card.message_id,
+                                                            operator=who))
+            assert status == 200
+        await click("ou_bob")                  # not the asker: nothing runs
+        await asyncio.sleep(1.0)
+        assert not events.exists() and len(h.lark.messages()) == 1
+        await click("ou_alice")
+        [_, reply] = await h.replies(2, timeout=20)
+        assert "created event '周会'" in reply.text
+        assert events.read_text(encoding="utf-8").split() == ["周会"]
+
+
+def _buttons(content):
+    out = []
+    def walk(x):
+        if isinstance(x, dict):
+            if x.get("tag") == "button":
+                out.append(x)
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk(content)
+    return out
