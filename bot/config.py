@@ -84,7 +84,9 @@ class Settings(BaseSettings):
     # in the leases ("" = <hostname>:<pid>), and how long a lease lasts without its heartbeat
     # (every third of it): how long a dead replica's acknowledged work waits for the others.
     ethan_replica_id: str = ""
-    ethan_lease_seconds: float = Field(default=15.0, gt=0, le=3600)
+    # >= 3 s: renewed every lease/3 — shorter, one slow query or pause hands a conversation to
+    # another replica mid-answer (a second model call, replies out of order)
+    ethan_lease_seconds: float = Field(default=15.0, ge=3, le=3600, allow_inf_nan=False)
     ethan_admins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ethan_respond_to_all: bool = False
     # When a user recalls a message Ethan already answered, recall Ethan's answer too (it
@@ -111,7 +113,8 @@ class Settings(BaseSettings):
     # Tuning (documented in .env.example; defaults are what a new user wants)
     ethan_reply_deadline: float = Field(default=60.0, gt=0)      # overall deadline per reply (s)
     ethan_session_idle_hours: float = Field(default=6.0, gt=0)
-    ethan_shutdown_deadline: float = Field(default=20.0, gt=0)
+    # finite and bounded: the force-exit timer is armed with it (inf died with OverflowError)
+    ethan_shutdown_deadline: float = Field(default=20.0, gt=0, le=3600, allow_inf_nan=False)
     ethan_max_concurrency: int = Field(default=64, ge=1)          # conversations handled at once
     # Attachments are parsed in worker processes (bot/parse_pool.py), each job bounded:
     ethan_parse_workers: int = Field(default=2, ge=1, le=64)      # files read at once

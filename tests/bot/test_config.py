@@ -262,3 +262,17 @@ def test_log_level_and_transport_are_case_insensitive(clean_env, monkeypatch):
     monkeypatch.setenv("LARK_TRANSPORT", "WS")
     s = load_settings()
     assert (s.ethan_log_level, s.lark_transport) == ("warning", "ws")
+
+
+@pytest.mark.parametrize("var,value", [
+    ("ETHAN_LEASE_SECONDS", "0.01"),        # issue 32 M6: a second model call, replies out of order
+    ("ETHAN_LEASE_SECONDS", "2.9"),
+    ("ETHAN_SHUTDOWN_DEADLINE", "inf"),      # issue 32 Low: the force-exit timer died with OverflowError
+    ("ETHAN_SHUTDOWN_DEADLINE", "nan"),
+])
+def test_serve_refuses_unsafe_lease_and_deadline_in_one_line(clean_env, var, value):
+    env = {"PATH": "/usr/bin:/bin", "ETHAN_HOME": str(clean_env / "home"), var: value}
+    r = subprocess.run([sys.executable, "-m", "bot", "serve"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr[-500:])
+    assert r.stderr.strip().count("\n") == 0 and var in r.stderr and "Traceback" not in r.stderr, r.stderr
