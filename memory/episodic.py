@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from memory.db import Database, dialect_of
+from memory.reltime import day_of, resolve
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
 
 log = logging.getLogger(__name__)
@@ -717,6 +718,11 @@ class EpisodeStore:
             return None
         if len(summary) > MAX_SUMMARY_CHARS:
             summary = summary[: MAX_SUMMARY_CHARS - 1].rstrip() + "…"
+        # "昨天" / "last Saturday" read weeks later mean nothing: the session's date beside them
+        day = day_of(ended_at or started_at or timestamp or self.clock())
+        summary = resolve(summary, day)
+        if turns is not None:
+            turns = [resolve(str(t), day) for t in turns]
         if keywords is None:
             keywords = await self._off_loop(extract_keywords, summary)
         else:

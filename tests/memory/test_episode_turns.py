@@ -135,9 +135,9 @@ async def test_recall_injects_the_matching_lines_with_neighbours_within_the_budg
     assert rendered[0] == "- [2025-10-09] The user plans a trip to Japan." + rendered[0][len(
         "- [2025-10-09] The user plans a trip to Japan."):]                        # the summary heads it
     assert got[0].evidence == ["Before that I renewed my passport.",
-                               "I started pottery classes last month at a studio called Clay Corner.",
+                               "I started pottery classes last month (2025-09) at a studio called Clay Corner.",
                                "The teacher is a retired architect."]          # the line and its neighbours
-    assert "  [2025-10-09] user: I started pottery classes last month at a studio called Clay Corner." in rendered
+    assert "  [2025-10-09] user: I started pottery classes last month (2025-09) at a studio called Clay Corner." in rendered
     assert not any("meeting number" in line for line in rendered)             # not the rest of the session
     # several sessions when several match, no line twice, within the budget
     assert estimate_tokens("\n".join(rendered)) <= RECALL_BUDGET_TOKENS
