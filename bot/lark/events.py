@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memory.scope import conversation_key
 
@@ -110,6 +110,13 @@ class CardOperator(_Wire):
 class CardAction(_Wire):
     value: dict = Field(default_factory=dict)
     tag: str = ""
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _foreign_value(cls, v: object) -> object:
+        # Another app's (or an old-style) card may send ``value`` as a string: not one of
+        # Ethan's buttons, so an empty value — ignored quietly, not an invalid event.
+        return v if isinstance(v, dict) else {}
 
 
 class CardContext(_Wire):

@@ -18,7 +18,7 @@ from tests.fakes.fake_anthropic import FakeAnthropic, Text
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.harness import ENCRYPT_KEY, VERIFICATION_TOKEN
-from tests.fakes.lark_events import (_envelope, make_text_event,
+from tests.fakes.lark_events import (_envelope, make_card_action_event, make_text_event,
                                      webhook_request)
 from tests.reliability.support import ServerProcess, post_event, sqlite_rows, wait_until
 
@@ -285,3 +285,14 @@ async def test_without_the_scope_one_log_line_and_the_at_message_alone(serve, la
     assert "untrusted_content" not in _request_text(req)
     lines = [e for e in serve.entries() if e.get("event") == "group_context.unavailable"]
     assert len(lines) == 1 and "im:message.group_msg" in lines[0]["missing_scope"]
+
+
+async def test_a_card_click_with_a_string_value_is_ignored_quietly(serve, lark, model):
+    ev = make_card_action_event("{\"action\": \"approve\"}", chat_id="oc_p2p_alice", message_id="om_foreign_card")
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, serve.url, ev) == 200
+    rows = await wait_until(lambda: [r for r in sqlite_rows(serve.db_path, "SELECT status, note FROM inbox")
+                                     if r["status"] != "pending"], 10, "the click finished")
+    assert [(r["status"], r["note"]) for r in rows] == [("ignored", "not an Ethan button")]
+    assert not [e for e in serve.entries() if e.get("level") in ("warning", "error")]
+    assert lark.messages() == [] and model.chat_requests() == []
