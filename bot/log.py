@@ -18,6 +18,31 @@ _SECRET_KEYS = re.compile(r"(secret|token|password|api_key|encrypt_key|authoriza
 _SECRET_VALUES = re.compile(r"(sk-ant-[\w-]{6,}|sk-[\w-]{16,}|t-[0-9a-f]{32,}|Bearer\s+\S+)")
 
 
+_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s'\"<>]+)")
+
+
+def safe_url(url: str) -> str:
+    """``url`` without its userinfo and query (``https://u:p@h/x?api-key=k`` →
+    ``https://[redacted]@h/x?[redacted]``): model base URLs and database URLs carry credentials."""
+    return redact_urls(url)
+
+
+def redact_urls(text: str) -> str:
+    """Every URL in ``text`` with its userinfo and query string replaced by ``[redacted]``."""
+    def one(m: re.Match) -> str:
+        rest = m.group(2)
+        rest, hash_, frag = rest.partition("#")
+        rest, q, query = rest.partition("?")
+        netloc, slash, path = rest.partition("/")
+        if "@" in netloc:
+            netloc = "[redacted]@" + netloc.rpartition("@")[2]
+        out = m.group(1) + netloc + slash + path
+        if q:
+            out += "?[redacted]"
+        return out + (hash_ + frag if hash_ and not q else "")
+    return _URL.sub(one, text) if "://" in text else text
+
+
 def _scrub(_, __, event_dict: dict) -> dict:
     for k, v in list(event_dict.items()):
         # A number is never a secret: token *counts* (input_tokens, …) stay readable.
@@ -25,7 +50,7 @@ def _scrub(_, __, event_dict: dict) -> dict:
                 and not isinstance(v, (int, float)):
             event_dict[k] = "[redacted]"
         elif isinstance(v, str):
-            event_dict[k] = _SECRET_VALUES.sub("[redacted]", v)
+            event_dict[k] = redact_urls(_SECRET_VALUES.sub("[redacted]", v))
     return event_dict
 
 
@@ -69,7 +94,8 @@ class _OneLine(logging.Formatter):
     "no raw lines" check."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return super().format(record).replace("\r", "").replace("\n", " | ")
+        line = super().format(record).replace("\r", "").replace("\n", " | ")
+        return redact_urls(_SECRET_VALUES.sub("[redacted]", line))
 
 
 def configure_logging(level: str = "info", *, json: bool | None = None, stream=None) -> None:

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from bot.llm.policy import log
+from bot.log import safe_url
 from memory.llm import ModelFailure
 
 
@@ -18,7 +19,9 @@ def problem_setting(line: str) -> str:
 def problem_line(settings: Any, model: Any, kind: str, detail: str = "", model_setting: str = "ETHAN_MODEL") -> str:
     """What is wrong, naming the setting: ``OPENAI_API_KEY: rejected by …`` and the like."""
     p = settings.provider_config(model.provider)
-    where = p.base_url or ("https://api.anthropic.com" if p.kind == "anthropic" else "https://api.openai.com/v1")
+    # the URL may carry credentials (user:pass@, ?api-key=): this line reaches /healthz
+    where = safe_url(p.base_url) if p.base_url else (
+        "https://api.anthropic.com" if p.kind == "anthropic" else "https://api.openai.com/v1")
     if kind == "auth":
         return f"{p.key_setting or 'the API key'}: rejected by {where} (provider {p.name}); check the key"
     if kind == "not_found":
@@ -26,7 +29,7 @@ def problem_line(settings: Any, model: Any, kind: str, detail: str = "", model_s
                 f"check the model name")
     if kind in ("connection", "timeout"):
         return (f"{p.url_setting}: cannot reach {where} "
-                f"(provider {p.name}, {kind}){': ' + detail[:120] if detail else ''}")
+                f"(provider {p.name}, {kind}){': ' + safe_url(detail[:120]) if detail else ''}")
     if kind == "spend_limit":
         return f"{p.key_setting}: the usage limit of provider {p.name} is reached"
     return f"{model_setting}: provider {p.name} at {where} answered the check with {kind}"
