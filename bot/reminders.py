@@ -130,9 +130,11 @@ class Reminders:
 
     async def tool_list(self, scope: Scope, args: ListSchedulesInput | None = None) -> str:
         jobs = await self.list(scope)
+        tz = await self.zones.zone_of(scope.user_id)
+        now = f"now: {local_iso(self.clock(), tz)} (the user's zone)\n"
         if not jobs:
-            return "no active reminders"
-        return "\n".join(describe(j) for j in jobs)
+            return now + "no active reminders"
+        return now + "\n".join(describe(j) for j in jobs)
 
     async def tool_cancel(self, scope: Scope, args: CancelScheduleInput) -> str:
         if await self.cancel(scope, args.id):

@@ -22,9 +22,12 @@ SCHEDULE = (
     "\"every Monday at 10 remind the team about the weekly report\"). Give `at` as an ISO 8601 "
     "local time in the user's zone, and for a repeating one an RFC 5545 `rrule`. The product "
     "refuses times in the past, too far ahead, too frequent, or over the user's limit — tell "
-    "the user why if it does. Say the time back to the user and the reminder's id."
+    "the user why if it does. Say the time back to the user and the reminder's id. For a time "
+    "relative to now (\"in 20 minutes\", \"明天九点\") you need the current time in the user's zone: "
+    "list_schedules' answer starts with it."
 )
-LIST = "List the user's active reminders (id, next time in their zone, repeat rule, text)."
+LIST = ("List the user's active reminders (id, next time in their zone, repeat rule, text); the answer "
+        "starts with the current time in the user's zone.")
 CANCEL = "Cancel one of the user's reminders by its id (from list_schedules)."
 
 

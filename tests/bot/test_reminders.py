@@ -41,6 +41,7 @@ async def test_a_reminder_is_scheduled_listed_and_cancelled_in_the_users_zone(db
     assert job.next_due == datetime(2026, 3, 21, 9, 0, tzinfo=ZoneInfo(TZ)).timestamp()
     listed = await _call(ctx, "list_schedules")
     assert f"#{job.id}" in listed.content
+    assert "now: 2026-03-20 08:00 (Fri) Asia/Shanghai" in listed.content     # what "in 20 minutes" needs
     bob = _ctx(db, Scope(user_id="ou_bob", chat_id="oc_p2p", chat_type="p2p"))
     assert (await _call(bob, "cancel_schedule", id=job.id)).is_error           # not Bob's
     assert not (await _call(ctx, "cancel_schedule", id=job.id)).is_error
