@@ -236,3 +236,40 @@ async def test_forget_a_fact_removes_it_from_every_layer_the_next_request_reads(
                            ("consolidation_state", "rolling_summary")):
             rows = await h.app.db.fetchall(f"SELECT {col} AS t FROM {table}")
             assert not any("13800138000" in (r["t"] or "") for r in rows), table
+
+
+async def test_a_chinese_conversation_is_remembered_in_chinese(tmp_path):
+    # issue 31 (mem0#3707): every consolidation request of a Chinese conversation names Chinese
+    # as the language to write in, and what is stored — summaries, episode, facts — is Chinese
+    import re
+
+    cjk = re.compile(r"[\u4e00-\u9fff]")
+    async with Harness(tmp_path) as h:
+        h.model.responder = lambda req: Text("好的") if is_chat(req) else default_responder(req)
+        # a model writes in the language it is told (the fake: Chinese only when told so)
+        h.model.on_tool("write_summary", lambda req: {"summary": "用户李雷在杭州做后端开发，准备搬家到滨江。"
+                                                       if "简体中文" in h.model.last_system_text(req)
+                                                       else "The user works as a backend developer."},
+                        keys={"summary"})
+        for text in ("我叫李雷，在杭州做后端开发", "我每周三晚上去游泳", "我女儿叫小雨，今年六岁",
+                     "最近在准备搬家到滨江", "记住我不吃香菜"):
+            await _say(h, text, **ALICE)
+        await _say(h, "/new", **ALICE)
+        await h.idle()
+        consolidation = [r for r in h.model.requests if r.kind in ("tool", "structured")]
+        assert consolidation
+        for r in consolidation:
+            assert "write every summary, fact and entry in Chinese (简体中文)" in h.model.last_system_text(r), r
+        [ep] = await h.app.memory.episodes.recent("ou_alice", 1)
+        assert cjk.search(ep.summary), ep.summary
+        facts = await h.app.db.fetchall("SELECT content FROM facts WHERE user_id = 'ou_alice'")
+        assert all(cjk.search(f["content"]) for f in facts), facts
+        # and an English conversation is told English
+        BOB = dict(chat_id="oc_p2p_bob", sender="ou_bob")
+        before = len(h.model.requests)
+        for text in ("I'm Bob and I work in Berlin", "I swim every Wednesday evening", "Remember I don't eat cilantro"):
+            await _say(h, text, **BOB)
+        await _say(h, "/new", **BOB)
+        await h.idle()
+        later = [r for r in h.model.requests[before:] if r.kind in ("tool", "structured")]
+        assert later and all("The conversation is in English" in h.model.last_system_text(r) for r in later)
