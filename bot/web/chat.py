@@ -10,8 +10,9 @@ conversation, otherwise one per name (it is the chat's thread, so ``/new``, ``/s
 modes are per conversation). Memory is the user's, as in a Lark p2p chat.
 
 ``Accept: text/event-stream``: the answer streams as Server-Sent Events — ``delta`` events
-carrying the whole text so far, then one ``done`` event with the JSON body above (or one
-``error`` event).
+carrying only the new text (``{"text": piece}``; ``{"text": all, "replace": true}`` when the
+text restarted), then one ``done`` event with the JSON body above, its ``reply`` the whole
+answer (or one ``error`` event). A caller hanging up mid-stream is one info line.
 
 ``Idempotency-Key: <1–128 printable chars>``: a retried POST is answered once. A retry while
 the first is running waits for the same answer; a retry afterwards (within 24 h, in this
@@ -73,7 +74,9 @@ class ChatReply:
     def __init__(self, stream: bool) -> None:
         self.text: str | None = None
         self.memory: dict | None = None
-        self.deltas: asyncio.Queue[str] | None = asyncio.Queue() if stream else None
+        # (piece, replace): only the new text of each update; replace when the text restarted
+        self.deltas: asyncio.Queue[tuple[str, bool]] | None = asyncio.Queue() if stream else None
+        self._sent = ""
         self.failure = ""          # the model failure's kind when the answer is an apology
 
     def note_failure(self, kind: str) -> None:
@@ -83,8 +86,15 @@ class ChatReply:
         return None
 
     async def stream(self, text_so_far: str) -> None:
-        if self.deltas is not None:
-            self.deltas.put_nowait(text_so_far)
+        if self.deltas is None:
+            return
+        if text_so_far.startswith(self._sent):
+            piece, restart = text_so_far[len(self._sent):], False
+        else:                       # the text restarted (another model after a failure)
+            piece, restart = text_so_far, True
+        self._sent = text_so_far
+        if piece or restart:
+            self.deltas.put_nowait((piece, restart))
 
     async def finish(self, text: str) -> None:
         self.text = text
@@ -219,17 +229,22 @@ class WebChat:
         await resp.prepare(request)
         task = asyncio.ensure_future(answer)
         assert reply.deltas is not None
-        while not task.done():
-            getter = asyncio.ensure_future(reply.deltas.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                await resp.write(_event("delta", {"text": getter.result()}))
-            else:
-                getter.cancel()
-        status, out = task.result()
-        await resp.write(_event("done" if status == 200 else "error", {**out, "status": status}
-                                if status != 200 else out))
-        await resp.write_eof()
+        try:
+            while not task.done():
+                getter = asyncio.ensure_future(reply.deltas.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    piece, restart = getter.result()
+                    await resp.write(_event("delta", {"text": piece, "replace": True} if restart else {"text": piece}))
+                else:
+                    getter.cancel()
+            status, out = task.result()
+            await resp.write(_event("done" if status == 200 else "error", {**out, "status": status}
+                                    if status != 200 else out))
+            await resp.write_eof()
+        except ConnectionError as e:
+            # The caller hung up mid-stream: its answer still finishes (and is stored); one line.
+            log.info("chat.client_gone", error=type(e).__name__)
         return resp
 
 
