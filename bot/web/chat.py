@@ -238,7 +238,16 @@ class WebChat:
                     await resp.write(_event("delta", {"text": piece, "replace": True} if restart else {"text": piece}))
                 else:
                     getter.cancel()
+            while not reply.deltas.empty():
+                piece, restart = reply.deltas.get_nowait()
+                await resp.write(_event("delta", {"text": piece, "replace": True} if restart else {"text": piece}))
             status, out = task.result()
+            if status == 200 and isinstance(out.get("reply"), str):
+                # the deltas add up to the answer: what the last stream update had not carried
+                await reply.stream(out["reply"])
+                while not reply.deltas.empty():
+                    piece, restart = reply.deltas.get_nowait()
+                    await resp.write(_event("delta", {"text": piece, "replace": True} if restart else {"text": piece}))
             await resp.write(_event("done" if status == 200 else "error", {**out, "status": status}
                                     if status != 200 else out))
             await resp.write_eof()
