@@ -136,6 +136,24 @@ async def _e2e(c: R.Corpus) -> dict:
                     hit += 1
                 else:
                     misses.append((q, label, got))
+            # issue 31: paraphrased questions (no content word shared with the evidence line) and
+            # two-hop questions (two sessions' questions in one message)
+            para_hit = para_words = 0
+            for user, q, label, line in c.paraphrased:
+                seen = await say(user, q)
+                eps = seen.blocks.episodes if seen.blocks else ()
+                context = "\n".join(l for e in eps for l in episode_lines(e))
+                para_hit += label in [label_of_session.get(e.session_id, "?") for e in eps]
+                para_words += set(search_terms(line)) <= set(search_terms(context))
+            hop_hit = hop_words = 0
+            for user, q, labels, parts in c.two_hop:
+                seen = await say(user, q)
+                eps = seen.blocks.episodes if seen.blocks else ()
+                got = [label_of_session.get(e.session_id, "?") for e in eps]
+                context_terms = set(search_terms("\n".join(l for e in eps for l in episode_lines(e))))
+                hop_hit += all(lab in got for lab in labels)
+                hop_words += all(R.evidence_words(session_of[lab], part) <= context_terms
+                                 for lab, part in zip(labels, parts))
             unrelated_any = 0
             unrelated_eps = 0
             unrelated_hits = []
@@ -153,7 +171,11 @@ async def _e2e(c: R.Corpus) -> dict:
     return {
         "sessions": len(c.sessions), "episodes": len(label_of_session), "questions": len(c.questions),
         "recall": hit / max(1, len(c.questions)), "evidence_words": words_hit / max(1, words_asked),
-        "words_asked": words_asked, "max_tokens": max_tokens, "precision": (injected - wrong) / max(1, injected),
+        "words_asked": words_asked, "max_tokens": max_tokens,
+        "para": len(c.paraphrased), "para_hit": para_hit / max(1, len(c.paraphrased)),
+        "para_words": para_words / max(1, len(c.paraphrased)),
+        "hop": len(c.two_hop), "hop_hit": hop_hit / max(1, len(c.two_hop)),
+        "hop_words": hop_words / max(1, len(c.two_hop)), "precision": (injected - wrong) / max(1, injected),
         "unrelated": len(c.unrelated), "unrelated_share": unrelated_any / max(1, len(c.unrelated)),
         "unrelated_eps": unrelated_eps, "replay_s": replay_s, "misses": misses,
         "unrelated_hits": unrelated_hits,
@@ -211,6 +233,9 @@ async def _run(quick: bool) -> list[str]:
          [f"evidence turn's words reach the model ({e2e['words_asked']} q)", f"{e2e['evidence_words']:.3f}",
           f"≥ {TARGET_WORDS}" + ("" if e2e["evidence_words"] >= TARGET_WORDS else " **FAILED**")],
          ["largest <related_episodes> (tokens, estimate)", str(e2e["max_tokens"]), f"≤ {RECALL_BUDGET_TOKENS}"],
+         [f"paraphrased ({e2e['para']} q, zh+en): session / evidence words", f"{e2e['para_hit']:.3f} / {e2e['para_words']:.3f}",
+          "≥ 0.75 with embeddings (none yet)"],
+         [f"two-hop ({e2e['hop']} q): both sessions / both evidence words", f"{e2e['hop_hit']:.3f} / {e2e['hop_words']:.3f}", "—"],
          ["precision of injected episodes", f"{e2e['precision']:.3f}", "—"],
          ["unrelated messages given any episode", f"{e2e['unrelated_share']:.3f}",
           f"≤ {TARGET_UNRELATED}" + ("" if ok_u else " **FAILED**")],

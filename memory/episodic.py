@@ -909,6 +909,15 @@ class EpisodeStore:
         judged.sort(key=lambda j: (-j[0], -j[1].score, -j[1].timestamp))
         top = judged[0][0]
         chosen = [ep for cov, ep in judged[:k] if cov >= RECALL_RELATIVE * top]
+        # a message asking about two things (two-hop: "…的城市？另外，…的月租") is covered half by
+        # each of two sessions: one that passed the gate on words the chosen ones lack comes too
+        covered = {w for ep in chosen for w in ep.matched}
+        for cov, ep in judged:
+            if len(chosen) >= k:
+                break
+            if ep not in chosen and set(ep.matched) - covered:
+                chosen.append(ep)
+                covered |= set(ep.matched)
         for ep in chosen:
             ep.score = next(cov for cov, e in judged if e is ep)
             chunks = [(text, own) for text, _, own in evidence.get(ep.id, []) if text]

@@ -171,6 +171,25 @@ class Corpus:
     questions: list[tuple[str, str, str]] = field(default_factory=list)
     # (user, message) about nothing the user talked about
     unrelated: list[tuple[str, str]] = field(default_factory=list)
+    # issue 31: (user, question, label, evidence line) — the question shares no content word
+    # with the evidence line (needs semantic recall)
+    paraphrased: list[tuple[str, str, str, str]] = field(default_factory=list)
+    # issue 31: (user, question, (label, label), (question, question)) — two questions of two
+    # sessions asked in one message; both sessions' evidence must arrive
+    two_hop: list[tuple[str, str, tuple[str, str], tuple[str, str]]] = field(default_factory=list)
+
+
+# issue 31: questions that share no content word with the evidence line (topic line index)
+PARAPHRASES: dict[str, tuple[str, int]] = {
+    "piano": ("孩子演出要去哪座城市？", 2),
+    "dog": ("我家宠物是什么品种？", 1),
+    "thesis": ("谁在指导我的毕业研究？", 2),
+    "insomnia": ("有人建议我用什么帮助入眠？", 3),
+    "gym": ("Who coaches me at the fitness club?", 2),
+    "laptop": ("How much am I willing to spend on a new computer?", 3),
+    "marathon": ("What finish am I aiming for in the race?", 1),
+    "band": ("Which instrument is mine in the group?", 2),
+}
 
 
 def corpus(seed: int = 19, users: int = 4, sessions_per_user: int = 8) -> Corpus:
@@ -189,6 +208,15 @@ def corpus(seed: int = 19, users: int = 4, sessions_per_user: int = 8) -> Corpus
             out.sessions.append(Session(label, user, t["lang"], lines, t["key"]))
             for q in t["questions"]:
                 out.questions.append((user, q.format(**slots), label))
+            if t["key"] in PARAPHRASES:
+                pq, idx = PARAPHRASES[t["key"]]
+                out.paraphrased.append((user, pq, label, t["lines"][idx].format(**slots)))
+        mine = [(q, label) for qu, q, label in out.questions if qu == user]
+        firsts = [next(q for q, lab in mine if lab == f"{user}:{i}") for i in range(len(topics))]
+        for i in range(0, len(topics) - 1, 2):      # sessions i and i+1, one question each
+            q1, q2 = firsts[i], firsts[i + 1]
+            joined = f"{q1.rstrip('？?')}？另外，{q2}" if topics[i]["lang"] == "zh" else f"{q1} Also, {q2}"
+            out.two_hop.append((user, joined, (f"{user}:{i}", f"{user}:{i + 1}"), (q1, q2)))
         others = [t for t in TOPICS if t["key"] not in used]
         for t in rnd.sample(others, min(3, len(others))):
             slots = {k: rnd.choice(t[k]) for k in ("a", "b", "n")}
