@@ -168,6 +168,16 @@ class WebChat:
             return await self._run(uuid.uuid4().hex, user_id, text, conversation, reply, as_admin)
         self._expire()
         fingerprint = hashlib.sha256(json.dumps([text, conversation, as_admin]).encode()).hexdigest()
+        # The message id follows from user and key: after a restart the session knows it, and
+        # its conversation — the same key in another one is another request (422), not that
+        # conversation's answer replayed. Read before the in-process record: no await between
+        # reading that record and registering a task in it (two concurrent retries would run).
+        mid = hashlib.sha256(f"{user_id}\0{key}".encode()).hexdigest()[:32]
+        row = await self.data.m.db.fetchone(
+            "SELECT s.conv_key FROM messages m JOIN sessions s ON s.id = m.session_id"
+            " WHERE m.lark_message_id = ? AND m.role = 'user' LIMIT 1", ("chat_" + mid,))
+        if row is not None and row["conv_key"] != conversation_key(chat_id(user_id), conversation):
+            return 422, {"error": "this Idempotency-Key was used for another request"}
         slot = (user_id, key)
         known = self._answers.get(slot)
         if known is not None:
@@ -175,16 +185,6 @@ class WebChat:
                 return 422, {"error": "this Idempotency-Key was used for another request"}
             log.info("chat.retried", user_id=user_id)
             return await asyncio.shield(known[2])
-        # The message id follows from user and key: after a restart the session knows it.
-        mid = hashlib.sha256(f"{user_id}\0{key}".encode()).hexdigest()[:32]
-        # ... and knows which conversation it was sent in: the same key in another one is
-        # another request (422), not that conversation's answer replayed (after a restart the
-        # in-process record above is gone).
-        row = await self.data.m.db.fetchone(
-            "SELECT s.conv_key FROM messages m JOIN sessions s ON s.id = m.session_id"
-            " WHERE m.lark_message_id = ? AND m.role = 'user' LIMIT 1", ("chat_" + mid,))
-        if row is not None and row["conv_key"] != conversation_key(chat_id(user_id), conversation):
-            return 422, {"error": "this Idempotency-Key was used for another request"}
         # Its own task: a caller that hangs up does not cancel the answer a retry will want.
         task = asyncio.ensure_future(self._run(mid, user_id, text, conversation, reply, as_admin))
         self._answers[slot] = (fingerprint, self.clock(), task)
