@@ -79,6 +79,7 @@ class CommandRunner(Protocol):
 
 class NameResolver(Protocol):
     async def name(self, open_id: str) -> str: ...
+    async def known_name(self, open_id: str) -> str: ...   # "" when only a fallback is known
 
 
 @dataclass
@@ -258,6 +259,13 @@ class MessageHandler:
                 # Other people's words fetched for this answer (the group's discussion, the
                 # quoted message): fenced the same way, sent with this request only, never stored.
                 material: list[str] = []
+                if inbound.chat_type == "p2p" and d.names is not None:
+                    # Who this is, in a direct chat too (contact API, cached a day); an id-tail
+                    # fallback (no contact scope) says nothing and is left out.
+                    who = await d.names.known_name(inbound.sender_id)
+                    if who:
+                        who = " ".join(who.replace("[", "(").replace("]", ")").split())[:64]
+                        material.append(f"[私聊对象 / you are talking with: {who}]")
                 if inbound.chat_type != "p2p" and d.discussion is not None:
                     block = await d.discussion(inbound)
                     if block:

@@ -182,9 +182,10 @@ class Agent:
         # Stable first, volatile last (prompt.py): the episodes and the date ride in front of
         # the user's words, after every cached part; breakpoints where the prefix is cacheable.
         system = build_system(blocks)
-        messages = with_context(messages, volatile_context(blocks, today=dt.date.today().isoformat()))
-        if turn.material:
-            messages = with_context(messages, turn.material)
+        context = volatile_context(blocks, today=dt.date.today().isoformat())
+        if turn.material:     # after the date, still in front of the user's words
+            context = f"{context}\n\n{turn.material}" if context else turn.material
+        messages = with_context(messages, context)
         if turn.images:
             messages = with_images(messages, turn.images)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,

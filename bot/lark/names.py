@@ -51,6 +51,11 @@ class CachedNames:
             if not fut.done():
                 fut.set_result(fallback(open_id))
 
+    async def known_name(self, open_id: str) -> str:
+        """The user's real name, "" when only the id-tail fallback is known (no contact scope)."""
+        name = await self.name(open_id)
+        return "" if name == fallback(open_id) else name
+
     async def _lookup(self, open_id: str) -> str:
         if self.api is None:   # console only: no Lark to ask
             return fallback(open_id)

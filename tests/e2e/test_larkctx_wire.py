@@ -296,3 +296,11 @@ async def test_a_card_click_with_a_string_value_is_ignored_quietly(serve, lark, 
     assert [(r["status"], r["note"]) for r in rows] == [("ignored", "not an Ethan button")]
     assert not [e for e in serve.entries() if e.get("level") in ("warning", "error")]
     assert lark.messages() == [] and model.chat_requests() == []
+
+
+async def test_a_direct_chat_knows_the_users_name(serve, lark, model):
+    model.script(Text("你好 Alice。"), Text("还是你。"))
+    req = await _ask(serve, lark, model, make_text_event("你知道我是谁吗", **ALICE))
+    assert "you are talking with: Alice]" in _request_text(req)
+    await _ask(serve, lark, model, make_text_event("再问一次", **ALICE), n=2)
+    assert len(lark.calls_to("/open-apis/contact/v3/users/ou_alice", "GET")) == 1     # cached
