@@ -58,8 +58,8 @@ def paired(base: str, rounds: int, convs: int, per_conv: int, concurrency: int) 
 
 
 def run(quick: bool = False, base: str = BASELINE, rounds: int | None = None) -> list[str]:
-    rounds = rounds or (2 if quick else 5)
-    convs, per_conv = (10, 5) if quick else (40, 10)
+    rounds = rounds or (1 if quick else 5)
+    convs, per_conv = (5, 2) if quick else (40, 10)
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
     res = paired(base, rounds, convs, per_conv, concurrency=32)

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)     # ~100 s alone; every benchmark starts servers, slower under the suite's load
 def test_quick_benchmarks_run_and_print_tables(tmp_path):
     from bench.__main__ import BENCHMARKS
 
