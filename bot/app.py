@@ -284,7 +284,7 @@ class EthanApp:
                                      on_idle=self.replicas.on_idle if self.replicas is not None else None)
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc(),
-                             on_recall=lambda message_id: cancel_pending(self.db, message_id),
+                             on_recall=lambda message_id, chat_id: cancel_pending(self.db, message_id, chat_id),
                              on_tool_click=self.confirmations.click)
         if s.lark_enabled:
             self._spawn(self._resolve_identity(), "identity")

@@ -59,19 +59,30 @@ async def _rows(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
     return list(rows)
 
 
-async def cancel_pending(db: Database, message_id: str) -> int:
+async def cancel_pending(db: Database, message_id: str, chat_id: str | None = None) -> int:
     """Mark the message's inbox row ignored while it is still pending (its answer is not sent).
     Called at intake, before the recall waits in a mailbox behind the message itself."""
     # the time from here, not the engine's clock function (SQLite's strftime has no PostgreSQL twin)
     return await db.execute(
         "UPDATE inbox SET status = 'ignored', note = 'recalled', done_at = ?"
-        " WHERE dedup_key = ? AND status = 'pending'", (time.time(), f"msg:{message_id}"))
+        " WHERE dedup_key = ? AND status = 'pending'" + (" AND chat_id = ?" if chat_id is not None else ""),
+        (time.time(), f"msg:{message_id}") + ((chat_id,) if chat_id is not None else ()))
 
 
-async def withdraw_message(db: Database, message_id: str) -> Withdrawn:
+async def withdraw_message(db: Database, message_id: str, chat_id: str | None = None) -> Withdrawn:
+    """Remove a recalled message. ``chat_id``: the chat the recall event names — a message of
+    another chat is left alone (``counts["chat_mismatch"]``), as are its facts."""
     out = Withdrawn(message_id)
     c = out.counts
     async with db.transaction() as tx:
+        if chat_id is not None:
+            where = await _rows(tx, "SELECT s.chat_id FROM messages m JOIN sessions s ON s.id = m.session_id"
+                                    " WHERE m.lark_message_id = ? AND m.role = 'user' LIMIT 1", (message_id,))
+            inbox = await _rows(tx, "SELECT chat_id FROM inbox WHERE dedup_key = ? LIMIT 1", (f"msg:{message_id}",))
+            chats = {r["chat_id"] for r in where + inbox}
+            if chats and chat_id not in chats:
+                c["chat_mismatch"] = 1
+                return out
         c["inbox_cancelled"] = await _run(
             tx, "UPDATE inbox SET status = 'ignored', note = 'recalled'"
                 " WHERE dedup_key = ? AND status = 'pending'", (f"msg:{message_id}",))

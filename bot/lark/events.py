@@ -165,8 +165,10 @@ def _route_message(ev: MessageEvent, h: Header) -> Routing:
 def _route_recall(ev: RecalledEvent, h: Header) -> Routing:
     # The recalled message's own conversation is not in the event (no thread id): the chat's
     # mailbox is close enough — the handler finds the message's session by its id.
+    # Deduplicated per (message, chat): a recall naming the wrong chat is refused by the
+    # handler and must not swallow the real one.
     return Routing(ev.chat_id, conversation_key(ev.chat_id, ""), ev.message_id,
-                   f"recall:{ev.message_id}", _ms(h.create_time))
+                   f"recall:{ev.message_id}:{ev.chat_id}", _ms(h.create_time))
 
 
 def _route_chat(ev: Any, h: Header) -> Routing:

@@ -36,7 +36,7 @@ MAX_HOLD_S = 1.0         # a conversation's work waits at most this long behind 
 class Intake:
     def __init__(self, inbox: Inbox, dispatcher: Dispatcher, *, clock=time.time,
                  on_event: Callable[[str], None] | None = None,
-                 on_recall: Callable[[str], Awaitable[int]] | None = None,
+                 on_recall: Callable[[str, str], Awaitable[int]] | None = None,
                  on_tool_click: Callable[[str, str, bool], str] | None = None) -> None:
         self.inbox = inbox
         self.dispatcher = dispatcher
@@ -141,7 +141,7 @@ class Intake:
                 bound.info("tool.confirm_click", outcome=outcome, user_id=clicker,
                            asked_by=str(value.get("user", "")))
         if spec.kind == "recall" and self.on_recall is not None and r.message_id:
-            if await self.on_recall(r.message_id):
+            if await self.on_recall(r.message_id, r.chat_id):
                 bound.info("event.recall_cancelled_reply")
         if self.inbox.conversations and not item.held:
             # Replicas: another replica works this conversation and answers the row in order.

@@ -95,7 +95,7 @@ class LarkEvents:
 
     # -- recall -----------------------------------------------------------------------------
     async def _on_recall(self, item: InboxItem, ev: events.RecalledEvent, bound: Any) -> None:
-        got = await withdraw_message(self.d.db, ev.message_id)
+        got = await withdraw_message(self.d.db, ev.message_id, ev.chat_id)   # only that chat's message
         recalled_replies = 0
         if self.d.recall_replies and self.d.api is not None:
             for mid in got.reply_message_ids:

@@ -347,6 +347,11 @@ async def test_recall_removes_the_message_from_requests_search_and_export(tmp_pa
         await h.idle()
         mid = secret["event"]["message"]["message_id"]
         assert await _facts(h) == 1                                         # learned from that message
+        # a recall naming another chat leaves the message alone (issue 32 Low)
+        assert await post_ok(h, make_recalled_event(mid, chat_id="oc_other_chat")) == "accepted"
+        await h.idle()
+        assert await _facts(h) == 1
+        assert (await h.app.db.fetchone("SELECT COUNT(*) AS n FROM messages WHERE content LIKE '%hunter2%'"))["n"] >= 1
         assert await post_ok(h, make_recalled_event(mid, chat_id="oc_p2p_alice")) == "accepted"
         await h.idle()
         await h.send_text("你好", **ALICE)
