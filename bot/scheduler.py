@@ -194,12 +194,16 @@ class LarkDelivery:
 
     async def __call__(self, job: Schedule, text: str, uuid: str) -> str:
         from bot.lark.openapi import Category, LarkApiError
+        from bot.lark.render import defuse_mentions
 
         left = await self.db.fetchone("SELECT 1 FROM chats_left WHERE chat_id = ?", (job.chat_id,))
         if left is not None:
             raise Undeliverable("the bot was removed from the chat")
         try:
-            return await self.sender.send(job.chat_id, "text", {"text": mention(job, text)}, uuid=uuid)
+            # The text is the user's or the model's: its <at> tags are made inert, as in every
+            # answer (only the owner's mention, added by the product, is real).
+            return await self.sender.send(job.chat_id, "text", {"text": mention(job, defuse_mentions(text))},
+                                          uuid=uuid)
         except LarkApiError as e:
             if e.category in (Category.PERMISSION, Category.BAD_REQUEST, Category.GONE):
                 raise Undeliverable(f"Lark refused the chat: code {e.code} ({e.category.value})") from e

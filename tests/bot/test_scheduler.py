@@ -106,3 +106,31 @@ async def test_undeliverable_from_the_deliverer_stops(db):
     await s.tick()
     await s.idle()
     assert (await store.get(job.id)).state == "stopped"
+
+
+async def test_a_group_reminder_mentions_its_owner_and_nobody_else(db):
+    """At the wire (the real OpenApi client against the fake Lark): the stored text's own
+    <at> tags — written by a user or the model — reach Lark inert; the owner's mention is real."""
+    from bot.lark.openapi import OpenApi
+    from bot.lark.sender import LarkSender
+    from tests.fakes.fake_lark import FakeLark
+
+    lark = FakeLark()
+    lark.start()
+    api = OpenApi("cli_test", "secret", lark.base_url, timeout=5)
+    try:
+        clock = Clock(T0)
+        store = ScheduleStore(db, clock=clock)
+        job = await _job(store, chat_id="oc_team", chat_type="group",
+                         text='周报 <at user_id="all"></at> <at id=ou_b></at>')
+        s = Scheduler(store, LarkDelivery(LarkSender(api), db), clock=clock)
+        clock.t = job.next_due
+        await s.tick()
+        await s.idle()
+        [call] = [c for c in lark.calls_to("/im/v1/messages", "POST") if "receive_id_type" in c.query]
+        text = __import__("json").loads(call.json["content"])["text"]
+        assert '<at user_id="ou_a"></at>' in text
+        assert '<at user_id="all">' not in text and "<at id=ou_b>" not in text
+    finally:
+        await api.aclose()
+        lark.stop()
