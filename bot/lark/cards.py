@@ -83,14 +83,20 @@ def confirm_card(question: str, *, command: str, user_id: str, chat_type: str) -
         return {"tag": "button", "text": {"tag": "plain_text", "content": label}, "type": style,
                 "behaviors": [{"type": "callback", "value": {
                     "ethan": kind, "cmd": command, "user": user_id, "chat_type": chat_type}}]}
+    return _question_card(question, button("确认删除 Confirm", "confirm", "danger"),
+                          button("取消 Cancel", "cancel", "default"))
+
+
+def _question_card(question: str, yes: dict[str, Any], no: dict[str, Any]) -> dict[str, Any]:
+    """A question and two buttons side by side (JSON 2.0), updatable once answered."""
     return {
         "schema": "2.0",
         "config": {"update_multi": True, "summary": {"content": summary_of(question)}},
         "body": {"elements": [
             {"tag": "markdown", "content": question},
             {"tag": "column_set", "columns": [
-                {"tag": "column", "elements": [button("确认删除 Confirm", "confirm", "danger")]},
-                {"tag": "column", "elements": [button("取消 Cancel", "cancel", "default")]},
+                {"tag": "column", "elements": [yes]},
+                {"tag": "column", "elements": [no]},
             ]},
         ]},
     }
@@ -101,17 +107,8 @@ def tool_confirm_card(question: str, *, token: str, user_id: str) -> dict[str, A
     def button(label: str, kind: str, style: str) -> dict[str, Any]:
         return {"tag": "button", "text": {"tag": "plain_text", "content": label}, "type": style,
                 "behaviors": [{"type": "callback", "value": {"ethan": kind, "token": token, "user": user_id}}]}
-    return {
-        "schema": "2.0",
-        "config": {"update_multi": True, "summary": {"content": summary_of(question)}},
-        "body": {"elements": [
-            {"tag": "markdown", "content": question},
-            {"tag": "column_set", "columns": [
-                {"tag": "column", "elements": [button("确认执行 Run it", "tool_confirm", "primary")]},
-                {"tag": "column", "elements": [button("取消 Cancel", "tool_cancel", "default")]},
-            ]},
-        ]},
-    }
+    return _question_card(question, button("确认执行 Run it", "tool_confirm", "primary"),
+                          button("取消 Cancel", "tool_cancel", "default"))
 
 
 def confirm_outcome_card(answer: str, outcome: str) -> dict[str, Any]:

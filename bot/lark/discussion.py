@@ -16,13 +16,12 @@ made from the @-message alone.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 from bot.inbound import Inbound
 from bot.lark.normalize import epoch_seconds, flatten_post
 from bot.lark.openapi import Category, LarkApiError, OpenApi
-from bot.lark.quoted import card_texts
+from bot.lark.quoted import card_texts, message_content
 from bot.log import get_logger
 from bot.quoting import fence
 from memory.working import estimate_tokens
@@ -113,12 +112,7 @@ class LarkDiscussion:
 def item_text(item: dict) -> str:
     """A listed message as one readable line (no downloads: images and files by name)."""
     msg_type = str(item.get("msg_type") or "")
-    try:
-        content = json.loads((item.get("body") or {}).get("content") or "{}")
-    except (ValueError, RecursionError):
-        content = {}
-    if not isinstance(content, dict):
-        content = {}
+    content = message_content(item)
     if msg_type == "text":
         text = str(content.get("text", ""))
     elif msg_type == "post":

@@ -62,12 +62,7 @@ class LarkQuotes:
 
     async def _content(self, mid: str, item: dict) -> tuple[str, tuple[dict, ...]]:
         msg_type = str(item.get("msg_type") or "")
-        try:
-            content = json.loads((item.get("body") or {}).get("content") or "{}")
-        except (ValueError, RecursionError):
-            content = {}
-        if not isinstance(content, dict):
-            content = {}
+        content = message_content(item)
         if msg_type == "text":
             return str(content.get("text", "")), ()
         if msg_type == "post":
@@ -96,6 +91,16 @@ class LarkQuotes:
         if msg_type == "interactive":
             return "[卡片 card]\n" + "\n".join(card_texts(content)), ()
         return f"[{msg_type or 'message'}]", ()
+
+
+def message_content(item: dict) -> dict:
+    """A listed or fetched message's ``body.content`` (a JSON string) as a dict; {} when it is
+    not one (Lark's own messages are; a foreign or broken one still gets an answer)."""
+    try:
+        content = json.loads((item.get("body") or {}).get("content") or "{}")
+    except (ValueError, RecursionError, TypeError):
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 def card_texts(node: Any) -> list[str]:
