@@ -26,6 +26,7 @@ import time
 from typing import Any, Awaitable, Callable, Protocol
 
 from bot.log import get_logger
+from memory.chat_events import has_left
 from memory.recurrence import local_iso
 from memory.schedules import Schedule, ScheduleStore
 
@@ -196,8 +197,7 @@ class LarkDelivery:
         from bot.lark.openapi import Category, LarkApiError
         from bot.lark.render import defuse_mentions
 
-        left = await self.db.fetchone("SELECT 1 FROM chats_left WHERE chat_id = ?", (job.chat_id,))
-        if left is not None:
+        if await has_left(self.db, job.chat_id):
             raise Undeliverable("the bot was removed from the chat")
         try:
             # The text is the user's or the model's: its <at> tags are made inert, as in every

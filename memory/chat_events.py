@@ -38,3 +38,17 @@ async def chat_rejoined(db: Database, chat_id: str) -> None:
 
 async def chats_left(db: Database) -> set[str]:
     return {r["chat_id"] for r in await db.fetchall("SELECT chat_id FROM chats_left")}
+
+
+async def has_left(db: Database, chat_id: str) -> bool:
+    """Whether the bot was removed from ``chat_id`` (and not added back)."""
+    return await db.fetchone("SELECT 1 FROM chats_left WHERE chat_id = ?", (chat_id,)) is not None
+
+
+async def conversation_of_message(db: Database, lark_message_id: str) -> str | None:
+    """The conversation key of the session that holds the user message ``lark_message_id``
+    (None if no session does)."""
+    row = await db.fetchone(
+        "SELECT s.conv_key FROM messages m JOIN sessions s ON s.id = m.session_id"
+        " WHERE m.lark_message_id = ? AND m.role = 'user' LIMIT 1", (lark_message_id,))
+    return None if row is None else row["conv_key"]

@@ -48,6 +48,7 @@ from typing import Any
 from aiohttp import web
 
 from memory.audit import AuditLog
+from memory.chat_events import conversation_of_message
 
 from bot.direct import NotAccepting
 from bot.inbound import WEB_API, typed_message
@@ -173,10 +174,8 @@ class WebChat:
         # conversation's answer replayed. Read before the in-process record: no await between
         # reading that record and registering a task in it (two concurrent retries would run).
         mid = hashlib.sha256(f"{user_id}\0{key}".encode()).hexdigest()[:32]
-        row = await self.data.m.db.fetchone(
-            "SELECT s.conv_key FROM messages m JOIN sessions s ON s.id = m.session_id"
-            " WHERE m.lark_message_id = ? AND m.role = 'user' LIMIT 1", ("chat_" + mid,))
-        if row is not None and row["conv_key"] != conversation_key(chat_id(user_id), conversation):
+        known_conv = await conversation_of_message(self.data.m.db, "chat_" + mid)
+        if known_conv is not None and known_conv != conversation_key(chat_id(user_id), conversation):
             return 422, {"error": "this Idempotency-Key was used for another request"}
         slot = (user_id, key)
         known = self._answers.get(slot)
