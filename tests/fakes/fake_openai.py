@@ -94,8 +94,11 @@ def _parts_text(content: Any) -> str:
 # block in front of the user's words; the adapter joins a message's text blocks with a newline
 # (several compatible servers take no list of parts). Split it back, so the shared helpers
 # (``last_user_text``, the echo) read the user's own words on both fakes.
-_CONTEXT = re.compile(r"\A((?:<related_episodes>.*?</related_episodes>\n\n)?Today is \d{4}-\d{2}-\d{2}\.)\n(.+)\Z",
-                      re.DOTALL)
+# The context may end with this request's material (who a direct chat is with, the group's
+# discussion, a quoted message), fenced or bracketed, before the user's words.
+_CONTEXT = re.compile(r"\A((?:<related_episodes>.*?</related_episodes>\n\n)?Today is \d{4}-\d{2}-\d{2}\."
+                      r"(?:\n\n(?:\[私聊对象 / you are talking with: [^\n]*\]|<untrusted_content\b.*?</untrusted_content>))*)"
+                      r"\n(.+)\Z", re.DOTALL)
 
 
 def _split_context(text: str) -> Any:
