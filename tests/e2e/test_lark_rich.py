@@ -25,6 +25,7 @@ from tests.fakes.lark_events import (
     make_image_event, make_p2p_entered_event, make_recalled_event, make_text_event,
 )
 from tests import harness
+from tests.reliability.bombs import pdf_file
 from tests.harness import Harness
 
 # the apps here run on SQLite and on PostgreSQL (tests/conftest.py)
@@ -57,17 +58,7 @@ def pdf_with_text(text: str) -> bytes:
         b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for i, body in enumerate(objs, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
-    for off in offsets:
-        out += b"%010d 00000 n \n" % off
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
-    return bytes(out)
+    return pdf_file(objs)
 
 
 def images_in(req) -> list[dict]:

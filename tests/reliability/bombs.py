@@ -52,7 +52,8 @@ def shared_string_xlsx(cells: int = 20_000, string_chars: int = 1_000_000) -> by
                  "xl/workbook.xml": f'<workbook xmlns="{S_NS}"/>'})
 
 
-def _pdf(objs: list[bytes]) -> bytes:
+def pdf_file(objs: list[bytes]) -> bytes:
+    """A PDF of ``objs`` (object 1 the catalog), xref offsets exact."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for i, body in enumerate(objs, 1):
@@ -88,7 +89,7 @@ def textless_pdf(pages: int = 100, ops: int = 15_000, *, shared: bool = True) ->
     objs += [_stream(b"BT /F1 12 Tf () Tj ET\n" * ops + b"%% %d\n" % i) for i in range(streams)]
     objs += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R"
              b" /Resources << /Font << /F1 3 0 R >> >> >>" % (4 + (0 if shared else i)) for i in range(pages)]
-    return _pdf(objs)
+    return pdf_file(objs)
 
 
 def limit_pdf(mb: int = 80) -> bytes:
@@ -96,7 +97,7 @@ def limit_pdf(mb: int = 80) -> bytes:
     objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
             b"<< /Type /Pages /Kids [5 0 R] /Count 1 >>",
             _stream(b" " * (mb * 1024 * 1024)), _FONT, _PAGE]
-    return _pdf(objs)
+    return pdf_file(objs)
 
 
 def huge_png(w: int = 12_000, h: int = 12_000) -> bytes:
