@@ -41,7 +41,8 @@ from bench.common import median, ms, percentile, ratio, table, temp_home  # noqa
 from bot.agent.agent import Agent, Memory  # noqa: E402
 from bot.agent.prompt import build_system  # noqa: E402
 from memory.db import Database  # noqa: E402
-from memory.episodic import EpisodeStore, warm_up  # noqa: E402
+from memory.episodic import EpisodeStore  # noqa: E402
+from memory.tokenizer import warm_up  # noqa: E402
 from memory.facts import CATEGORIES, FactStore  # noqa: E402
 from memory.modes import ModeStore  # noqa: E402
 from memory.procedures import ProcedureStore  # noqa: E402

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memory import episodic  # noqa: E402
+from memory import episodic, tokenizer  # noqa: E402
 from memory.db import Database  # noqa: E402
 from memory.episodic import EpisodeStore  # noqa: E402
 from memory.scope import Scope  # noqa: E402
@@ -78,7 +78,7 @@ async def _pad(store: EpisodeStore, users: int) -> None:
 
 
 async def _run(quick: bool) -> list[str]:
-    await asyncio.to_thread(episodic.warm_up)
+    await asyncio.to_thread(tokenizer.warm_up)
     lines = [
         "| table | method | recall@1 | recall@3 | MRR | median query ms |",
         "|---|---|---:|---:|---:|---:|",

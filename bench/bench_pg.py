@@ -94,7 +94,8 @@ async def _assembly(target: str, n_facts: int, reps: int, budget: float) -> dict
     from bot.agent.agent import Agent, Memory
     from bot.agent.prompt import build_system
     from memory.db import database
-    from memory.episodic import EpisodeStore, warm_up
+    from memory.episodic import EpisodeStore
+    from memory.tokenizer import warm_up
     from memory.facts import CATEGORIES, FactStore
     from memory.modes import ModeStore
     from memory.procedures import ProcedureStore

@@ -111,7 +111,8 @@ async def _e2e(c: R.Corpus) -> dict:
                     label_of_session[rows[0]["session_id"]] = s.label
             replay_s = time.perf_counter() - t0
 
-            from memory.episodic import episode_lines, estimate_tokens, search_terms
+            from memory.episodic import episode_lines, estimate_tokens
+            from memory.tokenizer import search_terms
 
             session_of = {s.label: s for s in c.sessions}
             hit = injected = wrong = 0
@@ -188,7 +189,8 @@ from memory.episodic import RECALL_BUDGET_TOKENS  # noqa: E402
 
 async def _store(c: R.Corpus) -> dict:
     from memory.db import Database
-    from memory.episodic import METHODS, EpisodeStore, warm_up
+    from memory.episodic import METHODS, EpisodeStore
+    from memory.tokenizer import warm_up
 
     warm_up()
     with temp_home("ethan-bench-recall-store-") as home:

@@ -164,7 +164,7 @@ class EthanApp:
     async def start(self) -> None:
         s = self.settings
         self.started_at = time.time()
-        from memory.episodic import warm_up
+        from memory.tokenizer import warm_up
 
         # jieba's dictionary (~0.6 s, holding the interpreter lock most of it) loads beside the
         # database open and before the port opens: loaded while serving, it made the first

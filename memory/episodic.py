@@ -8,17 +8,10 @@ a resumed session that ends again updates its episode.
 
 Words
 -----
-Chinese is segmented with jieba (its own ``Tokenizer`` instance, loaded lazily once;
-``warm_up()`` loads it ahead of time, off the reply path). English is split into
-words. Both are lower-cased; stop words (the small lists below, plus the boiler-plate
-of model-written summaries: 用户, 助手, user, assistant, discussed …), single
-characters and bare numbers are dropped.
-
-* ``extract_keywords(text, k=8)`` — at most ``k`` (≤ 8) distinct words ranked by term
-  frequency, ties broken by first appearance.
-* ``search_terms(text)`` — the words used for search: jieba's search mode (a long word
-  also yields its sub-words: 睡不着 → 不着, 睡不着), English words lightly stemmed
-  (deploying/deployed → deploy) so inflections meet.
+The words come from the shared tokeniser (memory/tokenizer.py: jieba for Chinese, stop words
+dropped, English lightly stemmed). ``extract_keywords(text, k=8)`` — at most ``k`` (≤ 8)
+distinct words ranked by term frequency, ties broken by first appearance; ``search_terms`` /
+``index_terms`` (the tokeniser's) are what the index stores and a search looks up.
 
 Index (schema v4)
 -----------------
@@ -72,9 +65,7 @@ import json
 import logging
 import math
 import re
-import threading
 import time
-import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -82,6 +73,9 @@ from typing import Any, Iterable
 from memory.db import Database, dialect_of
 from memory.reltime import day_of, resolve
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
+from memory.tokenizer import CJK as _CJK
+from memory.tokenizer import index_terms, is_common_zh, is_warm, search_terms
+from memory.tokenizer import prepare as _prepare, stem as _stem, words as _words
 
 log = logging.getLogger(__name__)
 
@@ -124,160 +118,6 @@ EVIDENCE_CHUNKS = 3        # the best-matching chunks whose lines are scored one
 EXCERPT_TOKENS = EVIDENCE_TOKENS   # (older name)
 PARTIAL_CREDIT = 0.5       # a message word met only through its sub-words (数据库 → 数据)
 MIN_TRIMMED_TOKENS = 40    # below this, a second episode is left out rather than cut
-# A decision resting on one matched word (see _lone_word_decides):
-COMMON_ZH_COUNT = 20_000   # jieba's dictionary count (of ~60 M words) above which a Chinese word is
-                           # among the ~150 commonest of the language (公司 45 604, 工作, 时间, 城市)
-
-# --- stop words -------------------------------------------------------------------------
-
-STOP_ZH = frozenset(
-    """
-    的 了 着 过 是 在 有 和 与 及 或 但 而 把 被 让 给 对 从 到 向 为 以 之 于 上 下 中 里 也 都
-    就 还 又 再 才 很 太 更 最 吗 呢 吧 啊 呀 哦 嗯 哈 嘛 啦 么 个 这 那 哪 谁 我 你 您 他 她 它 们
-    我们 你们 您们 他们 她们 它们 咱们 大家 自己 人家 这个 那个 哪个 这些 那些 这样 那样 这么 那么
-    这里 那里 哪里 这儿 那儿 什么 怎么 怎么样 怎样 为什么 为何 如何 多少 几个 是否 是不是 有没有
-    可以 可能 能够 应该 应当 需要 必须 不能 不会 不要 没有 没什么 不是 就是 还是 但是 可是 不过
-    因为 所以 因此 如果 假如 要是 虽然 尽管 然后 然而 而且 并且 或者 以及 以及 同时 另外 此外
-    已经 曾经 正在 一直 一下 一些 一个 一点 一起 一样 一般 一定 一次 一种 有点 有些 有的 所有
-    非常 特别 比较 相当 十分 真的 其实 当然 确实 好像 似乎 大概 也许 或许 可能性
-    现在 今天 明天 昨天 刚才 最近 之前 之后 以前 以后 时候 时间 那时 这时 当时 后来 目前
-    觉得 认为 知道 看看 想想 告诉 一下子 东西 事情 问题 情况 方面 地方 方式 部分 内容
-    你好 您好 谢谢 感谢 好的 好吧 嗯嗯 哈哈 哈哈哈 请问 麻烦 帮忙 帮我 帮助 请 能不能 可不可以
-    关于 对于 上次 上回 那次 这次 本次 之前 记得 还记得 聊过 说过 讲过 提过 聊聊 聊天 对话 会话
-    用户 助手 询问 讨论 提到 表示 介绍 分享 建议 提出 认为 希望 想要 打算 准备 计划 表达 说明
-    进行 开始 继续 完成 得到 出现 发现 包括 通过 根据 使用 利用 作为 成为 没事 不错 怎么办 怎么做
-    推荐 帮她 帮他 给出 给了 列了 到底 究竟 早上好 晚上好 下午好 早安 晚安 再见 拜拜
-    早上 上午 中午 下午 晚上 今晚 每天 每周 每月 周末 周一 周二 周三 周四 周五 周六 周日 星期
-    今年 明年 去年 本周 这周 上周 下周 这个月 上个月 下个月 这两天 前几天 过几天 一会儿 马上
-    """.split()
-)
-
-STOP_EN = frozenset(
-    """
-    a about above after again against all also am an and any are aren't as at be because been
-    before being below between both but by can can't cannot could couldn't did didn't do does
-    doesn't doing don't down during each few for from further get got had hadn't has hasn't have
-    haven't having he her here hers herself him himself his how i if in into is isn't it it's its
-    itself just let's me more most mustn't my myself no nor not now of off on once only or other
-    ought our ours ourselves out over own same shan't she should shouldn't so some such than that
-    that's the their theirs them themselves then there there's these they this those through to
-    too under until up very was wasn't we were weren't what when where which while who whom why
-    will with won't would wouldn't you your yours yourself yourselves
-    s t d ll m re ve don isn aren wasn weren hasn haven hadn doesn didn won wouldn shan shouldn
-    couldn mustn
-    hi hello hey thanks thank please ok okay yes yeah sure well really maybe like just still even
-    also much many lot lots thing things something anything stuff way ways one two etc via
-    user users assistant asked ask asking discussed discuss discussing talked talk talking
-    mentioned mention said say says wanted want wants suggested suggest suggests help helped
-    helping remember recall last time session conversation chat today yesterday tomorrow again
-    need needs needed think thought know make made use used using new good great
-    write writes writing wrote written plan plans planned planning could would
-    come comes came coming goes went going gone back take takes took taken give gives gave
-    given keep keeps kept put find finds found seem seems look looks looked instead whether
-    actually every another next first still already around without within
-    """.split()
-)
-
-# One-character Chinese nouns that name a topic (狗, 车, 房 …): kept although single
-# characters are otherwise dropped (most are particles, verbs or measure words).
-KEEP_SINGLE_ZH = frozenset("狗猫车房书药钱茶酒鱼花琴球鞋猪马牛鸟病雪海山湖")
-# jieba glues a pronoun to the next character (我要, 我试, 你说): such two-character pieces
-# carry no topic.
-_PRONOUNS = frozenset("我你您他她它咱")
-
-# --- tokenisation -----------------------------------------------------------------------
-
-# numeral + classifier (一只, 两个, 三次, 几套 ...) says nothing about a topic
-_NUM_CLASSIFIER = re.compile(r"^[一二两三四五六七八九十几每半]+[个只次天件套本位种条张家周年月点些句遍趟]$")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_LATIN_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-
-_jieba_lock = threading.Lock()
-_tokenizer: Any = None
-
-
-def _jieba() -> Any:
-    """The jieba tokenizer, loaded once (about half a second to a second the first time)."""
-    global _tokenizer
-    if _tokenizer is None:
-        with _jieba_lock:
-            if _tokenizer is None:
-                import jieba
-
-                jieba.setLogLevel(logging.WARNING)
-                tok = jieba.Tokenizer()
-                tok.initialize()
-                _tokenizer = tok
-    return _tokenizer
-
-
-def warm_up() -> None:
-    """Load jieba's dictionary now (call at start, e.g. ``await asyncio.to_thread(warm_up)``)."""
-    _jieba()
-
-
-def is_warm() -> bool:
-    return _tokenizer is not None
-
-
-def _prepare(text: str) -> str:
-    return unicodedata.normalize("NFKC", text or "").casefold()
-
-
-def _words(text: str, *, search: bool = False) -> list[str]:
-    """Content words in order of appearance (stop words, single characters, numbers dropped)."""
-    text = _prepare(text)
-    if not text.strip():
-        return []
-    tok = _jieba()
-    pieces = tok.lcut_for_search(text) if search else tok.lcut(text)
-    out: list[str] = []
-    for piece in pieces:
-        piece = piece.strip()
-        if not piece:
-            continue
-        if _CJK.search(piece):
-            # jieba keeps CJK runs apart from Latin ones; drop any stray punctuation.
-            word = "".join(ch for ch in piece if _CJK.match(ch))
-            if len(word) == 1 and word in KEEP_SINGLE_ZH:
-                out.append(word)
-                continue
-            if search and len(word) >= 2:
-                # 小狗 / 狗叫 also yield 狗, so a word glued to a topic noun still meets it
-                out.extend(ch for ch in word if ch in KEEP_SINGLE_ZH)
-            if (len(word) >= 2 and word not in STOP_ZH and not _NUM_CLASSIFIER.match(word)
-                  and not (len(word) == 2 and word[0] in _PRONOUNS)):
-                out.append(word)
-            continue
-        for word in _LATIN_WORD.findall(piece):
-            word = word.split("'")[0] if word.endswith(("'s", "'t", "'re", "'ve", "'ll", "'d", "'m")) else word
-            if len(word) < 2 or word.isdigit() or word in STOP_EN:
-                continue
-            out.append(word)
-    return out
-
-
-def _stem(word: str) -> str:
-    """A light English suffix stripper, the same on both sides of a search.
-
-    Not a real stemmer: it only needs to send inflections of one word to one form
-    (price/prices/pricing → pric, deploy/deployed/deploying → deploy).
-    """
-    if not word.isascii() or len(word) <= 3 or not word.isalpha():
-        return word
-    for suffix, minlen in (("ies", 5), ("ing", 6), ("ed", 6), ("es", 5), ("s", 4)):
-        if word.endswith(suffix) and len(word) >= minlen:
-            if suffix == "s" and word.endswith(("ss", "us", "is")):
-                break
-            if suffix == "es" and not word.endswith(("ches", "shes", "xes", "sses", "zes")):
-                continue
-            word = word[: len(word) - len(suffix)] + ("y" if suffix == "ies" else "")
-            break
-    if len(word) > 4 and word.endswith("e"):
-        word = word[:-1]
-    if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "aeiouls":
-        word = word[:-1]      # planned → plann → plan, running → runn → run
-    return word
 
 
 def extract_keywords(text: str, k: int = MAX_KEYWORDS) -> list[str]:
@@ -294,14 +134,6 @@ def extract_keywords(text: str, k: int = MAX_KEYWORDS) -> list[str]:
     return ranked[:k]
 
 
-def search_terms(text: str) -> list[str]:
-    """Distinct search terms of ``text`` (jieba search mode, stemmed English), in order."""
-    seen: dict[str, None] = {}
-    for w in _words(text, search=True):
-        seen.setdefault(_stem(w), None)
-    return list(seen)
-
-
 def _query_words(text: str) -> list[tuple[str, set[str]]]:
     """The message's words (accurate mode, stemmed) each with its search-mode sub-words."""
     out: dict[str, set[str]] = {}
@@ -310,11 +142,6 @@ def _query_words(text: str) -> list[tuple[str, set[str]]]:
         if stem not in out:
             out[stem] = set(search_terms(w)) - {stem}
     return list(out.items())
-
-
-def index_terms(text: str) -> list[str]:
-    """The words indexed for ``text`` with their repeats (term frequency is kept for BM25)."""
-    return [_stem(w) for w in _words(text, search=True)]
 
 
 # A message asking about the past in general ("还记得我们之前聊过的内容吗", "what did we talk
@@ -347,7 +174,7 @@ def _lone_word_decides(word: str, text: str, cue: bool) -> bool:
     A "last time" cue says the message is about a past conversation: the word then suffices."""
     if cue:
         return True
-    if _CJK.search(word) and (_jieba().FREQ.get(word) or 0) >= COMMON_ZH_COUNT:
+    if is_common_zh(word):
         return False
     return bool(_CJK.search(text)) or bool(_SELF_EN.search(text))
 

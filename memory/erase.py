@@ -54,7 +54,8 @@ import asyncio
 import re
 
 from memory.db import Database, dialect_of, fetch_all
-from memory.episodic import extract_keywords, is_warm, prepare_chunks, summary_terms, warm_up, write_chunks
+from memory.episodic import extract_keywords, prepare_chunks, summary_terms, write_chunks
+from memory.tokenizer import is_warm, warm_up
 from memory.sessions import make_title
 from memory.speaker import label as speaker_label
 

@@ -322,7 +322,7 @@ _DEGREE = frozenset({"很", "非常", "特别", "十分", "挺", "最", "真", "
 def _content_words(text: str) -> frozenset[str]:
     """The fact's content words (jieba + stemmed English, as the episode index has them),
     without the subject and degree words: "用户很喜欢喝乌龙茶" ~ "用户喜欢喝乌龙茶"."""
-    from memory.episodic import search_terms
+    from memory.tokenizer import search_terms
 
     return frozenset(w for w in search_terms(text) if w not in ("用户", "user") and w not in _DEGREE)
 
@@ -739,7 +739,7 @@ def corrected_fact(correction: str, facts: list[tuple[int, str]]) -> int | None:
     """Which of the user's facts a correction replaces: among those sharing a content word
     with it, the one sharing the words it negates ("不在杭州", "not in Berlin") first, then the
     one sharing most words; None when no fact shares a word (nothing to correct)."""
-    from memory.episodic import search_terms    # jieba: loaded once, shared with the episode index
+    from memory.tokenizer import search_terms    # jieba: loaded once, shared with the episode index
 
     boring = {"用户", "user"}
     words = set(search_terms(correction)) - boring

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.db import Database
-from memory.episodic import (extract_keywords, prepare_chunks, search_terms, session_lines,
-                             summary_terms, write_chunks)
+from memory.episodic import extract_keywords, prepare_chunks, session_lines, summary_terms, write_chunks
+from memory.tokenizer import search_terms
 
 _NUMBER = re.compile(r"\d{3,}")
 # sentence ends, Chinese and English (the separator is kept with the sentence before it)
