@@ -39,3 +39,45 @@ def _marked(m: re.Match, limit: int) -> str:
 def mark_third_party(text: str, *, limit: int = 600) -> str:
     """``text`` with each fenced material replaced by one line saying it is third-party."""
     return FENCE.sub(lambda m: _marked(m, limit), text)
+
+
+# -- writes the model derives from material ------------------------------------------------
+#
+# The consolidator never sees material (``strip`` above). The chat model does — it must, to
+# answer about a forwarded CV — and it can call memory_write / profile_update with what it read
+# there ("用户名叫张三" from a stranger's CV). Such a write is *refused*, not stored with a mark:
+# a marked row would still be a fact in the user's memory (injected, listed, exported) that the
+# user never said, and every reader would have to know the mark; a refusal returns to the model
+# as an is_error result it can explain, and the user can still say it themselves.
+
+_DIGITS = re.compile(r"\d{3,}")
+# words a fact and a document share without the fact having come from it
+_COMMON = frozenset("""用户 user 名字 名叫 叫 是 在 有 喜欢 讨厌 工作 住在 想 要 觉得 like love prefer hate
+    work live is has have want name named call called""".split())
+
+
+def _terms(text: str) -> set[str]:
+    import unicodedata
+
+    from memory.episodic import search_terms     # jieba + stemmed English, as the episode index
+
+    t = unicodedata.normalize("NFKC", text)
+    return ({w for w in search_terms(t) if w.casefold() not in _COMMON and len(w) >= 2}
+            | set(_DIGITS.findall(t)))
+
+
+def material_texts(text: str) -> list[str]:
+    """The bodies of the fenced material inside ``text`` (unescaped)."""
+    return [html.unescape(m.group(2)) for m in FENCE.finditer(text)]
+
+
+def taken_from_material(content: str, *, said: str, material: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The words of ``content`` (a fact or profile entry about to be written) that the turn's
+    third-party material supplied and the user's own words (``said``) did not — empty when the
+    write does not derive from material. Fences left in ``said`` count as material."""
+    bodies = [*material, *material_texts(said)]
+    if not content or not any(b.strip() for b in bodies):
+        return ()
+    own = _terms(strip(said))
+    seen = set().union(*(_terms(b) for b in bodies))
+    return tuple(sorted((_terms(content) & seen) - own))

@@ -190,7 +190,7 @@ class Agent:
             messages = with_images(messages, turn.images)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text, session_id=session.id,
-                          confirm=getattr(reply, "confirm_tool", None))
+                          confirm=getattr(reply, "confirm_tool", None), material=turn.material or "")
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)
         self.calls += 1

@@ -4,7 +4,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from bot.tools.base import ToolContext, ToolInput
+from bot.tools.base import ToolContext, ToolInput, own_words
 
 
 class MemoryWriteInput(ToolInput):
@@ -28,6 +28,7 @@ class MemoryWrite:
     async def run(self, ctx: ToolContext, args: MemoryWriteInput) -> str:
         if "\n" in args.content:
             raise ValueError("content must be one line")
+        own_words(ctx, self.name, args.content)
         write = await ctx.facts.add(ctx.scope, args.content, args.category,
                                     source="agent_proactive", user_text=ctx.user_text,
                                     session_id=ctx.session_id)

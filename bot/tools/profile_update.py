@@ -4,7 +4,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from bot.tools.base import ToolContext, ToolInput
+from bot.tools.base import ToolContext, ToolInput, own_words
 
 SECTIONS_HINT = "基础特征, 身份与背景, 目标与方向, 工作与沟通方式, 心理与情绪, 个人语言与激励, 与 Agent 的约定"
 
@@ -29,5 +29,6 @@ class ProfileUpdate:
     Input: ClassVar[type[ProfileUpdateInput]] = ProfileUpdateInput
 
     async def run(self, ctx: ToolContext, args: ProfileUpdateInput) -> str:
+        own_words(ctx, self.name, args.entry)
         return await ctx.profile.update(ctx.scope, args.section, args.entry, args.mode,
                                         source="agent_proactive", session_id=ctx.session_id)

@@ -99,11 +99,6 @@ def _kind(chat_type: str) -> str:
     return "p2p" if chat_type == "p2p" else "group"
 
 
-def fence(source: str, text: str) -> str:
-    """A tool result as data: the one fence of all third-party material (trust marking)."""
-    return fence_material(Material(kind="tool", source=source, text=text))
-
-
 def cap(text: str, limit: int = MAX_RESULT_CHARS) -> str:
     if len(text) <= limit:
         return text
@@ -198,6 +193,8 @@ class ToolRegistry:
                         error=f"{e.__class__.__name__}: {e}"[:300])
             return self._done(tid, name, f"the tool failed ({e.__class__.__name__}: {str(e)[:200]}); "
                               "tell the user it did not work", "error", started)
+        if not tool.own_scope:
+            ctx.seen.append(str(text)[:self.max_result_chars])   # material for this turn's memory writes
         return self._done(tid, name, str(text), "ok", started)
 
     def _validator(self, tool: ToolDef):
@@ -217,8 +214,10 @@ class ToolRegistry:
     def _done(self, tid: str, name: str, text: str, outcome: str, started: float) -> ToolOutcome:
         if self.on_call is not None:
             self.on_call(name or "?", outcome, time.monotonic() - started)
-        return ToolOutcome(tid, name, fence(name, cap(text, self.max_result_chars)), outcome != "ok")
+        return ToolOutcome(tid, name, fence_material(Material(kind="tool", source=name,
+                                                                     text=cap(text, self.max_result_chars))),
+                           outcome != "ok")
 
 
-__all__ = ["ToolDef", "ToolProvider", "ToolPolicy", "ToolRegistry", "Offer", "fence", "cap",
+__all__ = ["ToolDef", "ToolProvider", "ToolPolicy", "ToolRegistry", "Offer", "cap",
            "MAX_RESULT_CHARS", "NAME_RE"]

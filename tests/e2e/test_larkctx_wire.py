@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import time
 
 import aiohttp
@@ -249,9 +250,10 @@ async def test_an_at_in_a_group_sees_the_discussion_with_names_never_stored(serv
     req = await _ask(serve, lark, model, make_text_event("总结一下上面的讨论", chat_id="oc_team_talk",
                                                          sender="ou_dave", **GROUP))
     text = _request_text(req)
-    block = text.split('<untrusted_content kind="group"', 1)[1].split("</untrusted_content>", 1)[0]
-    said = [line.split("] ", 1)[1] for line in block.split(">", 1)[1].split("\n")]
-    assert said == [f"{lark.users[w]}: {t}" for w, t in DISCUSSION], block
+    # one fence per message, in the one form of all material: who wrote it, where, when
+    said = re.findall(r'<untrusted_content kind="group" source="om_[^"]+" author="([^"]+)" '
+                      r'time="\d{4}-\d\d-\d\dT[^"]+">([^<]*)</untrusted_content>', text)
+    assert said == [(lark.users[w], t) for w, t in DISCUSSION], text
     assert "总结一下上面的讨论" in model.last_user_text(req)
     # Other members' words are context for this answer: not in the history consolidation
     # reads, so never the asker's facts or profile.

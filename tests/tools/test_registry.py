@@ -122,3 +122,20 @@ async def test_a_failing_provider_hides_only_its_tools():
 
     reg = ToolRegistry([Broken(), Provider("ok", ToolDef("ok_t", "t", SCHEMA, act))])
     assert list(reg.offer(ctx()).tools) == ["ok_t"]
+
+
+async def test_a_memory_write_taken_from_a_tool_result_is_refused():
+    """A document a tool fetched in this turn ("名字：张三") is material: the model's memory_write
+    of it is refused before any store is touched (ctx.facts is None here); the one line of the
+    user's own words that says it is not."""
+    async def fetch(c, a):
+        return "个人简历\n名字：张三\n电话：13800001111"
+
+    reg = ToolRegistry([memory_tools(), Provider("x", ToolDef("x_doc", "a document", SCHEMA, fetch))])
+    c = ToolContext(scope=P2P, facts=None, procedures=None, profile=None, user_text="看看这份文档")
+    offer = reg.offer(c)
+    assert not (await reg.run(offer, block("x_doc", q="cv"), c)).is_error
+    for name, args in (("memory_write", {"content": "用户名叫张三", "category": "knowledge"}),
+                       ("profile_update", {"section": "基础特征", "entry": "电话 13800001111"})):
+        out = await reg.run(offer, {"type": "tool_use", "id": "tu_2", "name": name, "input": args}, c)
+        assert out.is_error and "third-party material" in out.content, out.content
