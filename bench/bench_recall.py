@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import table, temp_home  # noqa: E402
+from bot.reply import Capability, ReplyBase  # noqa: E402
 from tests.memory import fact_decisions as D  # noqa: E402
 from tests.memory import recall_corpus as R  # noqa: E402
 
@@ -44,32 +45,26 @@ TARGET_RECALL_ISSUE31 = 0.95   # issue 31: the evidence session ...
 TARGET_WORDS = 0.85            # ... and the words of the evidence turn reach the model
 
 
-class _Seen:
+class _Seen(ReplyBase):
     """A Reply that keeps the answer and the memory blocks of the request (what the model saw)."""
+
+    capabilities = frozenset({Capability.MEMORY_PANEL})
 
     def __init__(self) -> None:
         self.text: str | None = None
         self.blocks = None
 
-    async def partial(self, text: str) -> None:
+    async def working(self) -> None:
+        pass
+
+    async def stream(self, text_so_far: str) -> None:
         pass
 
     async def finish(self, text: str) -> None:
         self.text = text
 
-    async def fail(self, text: str) -> None:
-        self.text = text
-
     def show_memory(self, blocks) -> None:
         self.blocks = blocks
-
-    def show_tools(self, tools) -> None:
-        pass
-
-    def __getattr__(self, name):          # any other Reply hook: a no-op
-        async def _noop(*a, **k):
-            return None
-        return _noop
 
 
 async def _e2e(c: R.Corpus) -> dict:

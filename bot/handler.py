@@ -35,7 +35,7 @@ from bot.parse_pool import ParsePool
 from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
 from bot.quoting import QuoteFetch, quote_block
-from bot.reply import DeliveryError, Reply
+from bot.reply import Capability, DeliveryError, Reply
 from bot.text import is_chinese
 
 log = get_logger("ethan.handler")
@@ -204,7 +204,7 @@ class MessageHandler:
         except asyncio.CancelledError:
             # Cancelled at the shutdown deadline after the answer was delivered (e.g. while the
             # "typing" reaction was being removed): record it, or the restart would answer again.
-            if getattr(reply, "delivered_as", None):
+            if reply.delivered:
                 await d.inbox.finish(item.id, "done", "delivered; cancelled after")
             raise
         if d.on_replied is not None:
@@ -240,7 +240,7 @@ class MessageHandler:
             await reply.finish(EMPTY_REPLY["zh" if chinese else "en"])
         else:
             answer = None if prepared is not None else await d.commands.run(inbound, inbound.text)
-            if isinstance(answer, Confirmation) and hasattr(reply, "ask_confirm"):
+            if isinstance(answer, Confirmation) and Capability.CONFIRM_COMMAND in reply.capabilities:
                 await reply.ask_confirm(answer, command=answer.command, user_id=inbound.sender_id,
                                         chat_type=inbound.chat_type)
                 bound.info("command.confirm_asked", command=answer.command.split()[0][:32])

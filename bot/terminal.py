@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING
 
 from bot.config import Settings
 from bot.inbound import TERMINAL, typed_message
+from bot.reply import ReplyBase
 from bot.text import ambiguous_session, short as _short
 from memory.scope import conversation_key
 
@@ -73,7 +74,7 @@ def terminal_app(settings: Settings) -> "EthanApp":
     return EthanApp(settings, recover_inbox=False)
 
 
-class TerminalReply:
+class TerminalReply(ReplyBase):
     """A Reply (bot/reply.py) that prints to the terminal."""
 
     def __init__(self, out: IO[str], *, progressive: bool) -> None:

@@ -20,7 +20,7 @@ from bot.agent.loop import run_loop
 from bot.agent.prompt import with_images, MemoryBlocks, build_system, mark_cache, unique_facts, volatile_context, with_context
 from bot.agent.router import route
 from bot.log import get_logger
-from bot.reply import Reply
+from bot.reply import Capability, Reply
 from bot.text import is_chinese
 from bot.tools import ToolContext, default_registry
 from bot.tools.registry import ToolRegistry
@@ -176,9 +176,10 @@ class Agent:
             session.id, turn.text, before_message_id=appended.message.id,
             speaker_name=turn.sender_name or scope.user_id)
         blocks = await self.gather(scope, turn.text, session_id=session.id, mode=mode, view=view)
-        show = getattr(reply, "show_memory", None)   # the console's memory panel
-        if show is not None:
-            show(blocks)
+        offers = reply.capabilities
+        panel = Capability.MEMORY_PANEL in offers      # the console's memory panel, /chat's memory
+        if panel:
+            reply.show_memory(blocks)
         # Stable first, volatile last (prompt.py): the episodes and the date ride in front of
         # the user's words, after every cached part; breakpoints where the prefix is cacheable.
         system = build_system(blocks)
@@ -190,7 +191,8 @@ class Agent:
             messages = with_images(messages, turn.images)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text, session_id=session.id,
-                          confirm=getattr(reply, "confirm_tool", None), material=turn.material or "")
+                          confirm=reply.confirm_tool if Capability.CONFIRM_TOOL in offers else None,
+                          material=turn.material or "")
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)
         self.calls += 1
@@ -207,9 +209,8 @@ class Agent:
                 "agent.model_failed", kind=failure.kind, status=failure.status,
                 detail=failure.detail[:300], elapsed_ms=int((time.monotonic() - started) * 1000))
             text = apology(failure.kind, turn.text)
-            note = getattr(reply, "note_failure", None)     # /chat answers 503, not 200 + apology
-            if note is not None:
-                note(failure.kind)
+            if Capability.FAILURE_STATUS in offers:     # /chat answers 503, not 200 + apology
+                reply.note_failure(failure.kind)
             await reply.finish(text)
             return AgentResult(text, False, session.id, blocks, failure=failure.kind)
 
@@ -225,12 +226,11 @@ class Agent:
         usage = dataclasses.asdict(result.usage)
         tools = tuple({"name": o.name, "is_error": o.is_error, "result": o.content}
                       for o in result.tool_outcomes)
-        show_tools = getattr(reply, "show_tools", None)   # the console's memory panel
-        if show_tools is not None:
-            show_tools(list(tools))
-        if show is not None and any(usage.values()):
+        if Capability.TOOL_PANEL in offers:          # the console's memory panel
+            reply.show_tools(list(tools))
+        if panel and any(usage.values()):
             # the panel again, now with what the cache served: cached / written / uncached input
-            show(dataclasses.replace(blocks, usage=usage))
+            reply.show_memory(dataclasses.replace(blocks, usage=usage))
         await reply.finish(text)
         if m.queue is not None:
             m.queue.request(session.id)

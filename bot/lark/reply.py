@@ -26,7 +26,7 @@ from bot.lark.cards import (
 from bot.lark.openapi import Category, LarkApiError
 from bot.lark.render import TEXT_CHUNK_CHARS, defuse_mentions, derive_uuid, render, split_text
 from bot.lark.sender import LarkSender
-from bot.reply import DeliveryError
+from bot.reply import Capability, DeliveryError, ReplyBase
 
 if TYPE_CHECKING:
     from memory.outbox import CardLedger
@@ -38,7 +38,7 @@ SEQUENCE_EPOCH = 1767225600.0   # 2026-01-01T00:00:00Z: CardKit sequences count 
 
 
 
-class LarkReply:
+class LarkReply(ReplyBase):
     """``bot.reply.Reply`` for one inbound Lark message.
 
     ``uuid_base`` comes from the inbound message id (deterministic), so a message
@@ -51,6 +51,10 @@ class LarkReply:
     processes. The text fallback's uuids are independent of the card's, so a card that
     failed never blocks the text answer. Uuids over Lark's 50 characters are hashed.
     """
+
+    # Buttons: a side-effecting tool call in a group and a destructive command are confirmed
+    # by the asker's click on a card.
+    capabilities = frozenset({Capability.CONFIRM_TOOL, Capability.CONFIRM_COMMAND})
 
     def __init__(
         self,
@@ -122,6 +126,10 @@ class LarkReply:
         self.delivered_as: str | None = None  # "text", "card", or "text-fallback"
 
     # ---- Reply protocol ------------------------------------------------------------------
+    @property
+    def delivered(self) -> bool:
+        return self.delivered_as is not None
+
     async def working(self) -> None:
         if self._reaction_task is None and not self._finished:
             self._reaction_task = asyncio.create_task(self._add_reaction_later())

@@ -55,6 +55,7 @@ from bot.inbound import WEB_API, typed_message
 from memory.scope import conversation_key
 from bot.llm.health import problem_setting
 from bot.log import get_logger
+from bot.reply import Capability, ReplyBase
 from bot.web.auth import secure_headers
 from bot.web.data import MAX_TEXT, ApiError, ConsoleData, ConsoleDeps, check_user, read_json
 
@@ -70,8 +71,11 @@ CHAT_PREFIX = "api_"
 UNUSABLE = ("auth", "not_found", "connection", "spend_limit")
 
 
-class ChatReply:
+class ChatReply(ReplyBase):
     """A Reply for one /chat request; streams into a queue when the caller asked for SSE."""
+
+    # The body's ``memory`` is the memory panel; a model failure is a 503, not 200 + apology.
+    capabilities = frozenset({Capability.MEMORY_PANEL, Capability.FAILURE_STATUS})
 
     def __init__(self, stream: bool) -> None:
         self.text: str | None = None

@@ -17,6 +17,7 @@ from typing import Any
 from bot.direct import NotAccepting
 from bot.inbound import CONSOLE, Mention, typed_message
 from bot.log import get_logger
+from bot.reply import Capability, ReplyBase
 from bot.web.data import MAX_TEXT, ApiError, ConsoleData, ConsoleDeps
 
 log = get_logger("ethan.console")
@@ -28,8 +29,10 @@ P2P_CHAT_PREFIX = "oc_console_p2p_"
 BOT_NAME = "Ethan"
 
 
-class PlaygroundReply:
+class PlaygroundReply(ReplyBase):
     """A Reply (bot/reply.py) that keeps what the agent gave it, for one HTTP request."""
+
+    capabilities = frozenset({Capability.MEMORY_PANEL, Capability.TOOL_PANEL})   # the memory panel
 
     def __init__(self) -> None:
         self.text: str | None = None
@@ -54,7 +57,7 @@ class PlaygroundReply:
         self.text = text
 
     def show_tools(self, tools: Any) -> None:
-        """Optional hook: the memory tools the model called for this answer (name, is_error, result)."""
+        """The memory tools the model called for this answer (name, is_error, result)."""
         try:
             self.tools = [{"name": str(t.get("name", "")), "is_error": bool(t.get("is_error")),
                            "result": str(t.get("result", ""))[:500]} for t in tools]
