@@ -74,7 +74,7 @@ def _seed_backlog(home: Path, sessions: int, turns: int) -> None:
     """Open sessions with unconsolidated turns, written before the server starts."""
     import asyncio as _asyncio
 
-    from memory.db import Database
+    from storage import Database
 
     path = home / "ethan.db"
     _asyncio.run(_open_close(Database, path))

@@ -40,7 +40,8 @@ if str(ROOT) not in sys.path:
 from bench.common import median, ms, percentile, ratio, table, temp_home  # noqa: E402
 from bot.agent.agent import Agent, Memory  # noqa: E402
 from bot.agent.prompt import build_system  # noqa: E402
-from memory.db import Database  # noqa: E402
+from storage import Database  # noqa: E402
+from storage.sqlite import SqliteDatabase
 from memory.episodic import EpisodeStore  # noqa: E402
 from memory.tokenizer import warm_up  # noqa: E402
 from memory.facts import CATEGORIES, FactStore  # noqa: E402
@@ -257,11 +258,11 @@ async def _run(quick: bool) -> list[str]:
     rows = []
     with temp_home("ethan-bench-ctx-") as home:
         path = home / "ethan.db"
-        await (await Database(path).open()).close()
+        await (await SqliteDatabase(path).open()).close()
         fill_s = _fill_background(path, n_messages, rng, text)
         for n in sizes:
             _fill_facts(path, f"ou_ctx_{n}", n, rng, text)
-        db = await Database(path).open()
+        db = await SqliteDatabase(path).open()
         try:
             sessions = SessionStore(db)
             working = WorkingMemory(db, sessions)

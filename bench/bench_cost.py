@@ -55,7 +55,7 @@ from bot.reply import CollectingReply  # noqa: E402
 from memory.consolidation_queue import ConsolidationQueue  # noqa: E402
 from memory.consolidator import Consolidator  # noqa: E402
 from memory.models import route_consolidation_model  # noqa: E402
-from memory.db import Database  # noqa: E402
+from storage.sqlite import SqliteDatabase  # noqa: E402
 from memory.episodic import EpisodeStore  # noqa: E402
 from memory.facts import FactStore  # noqa: E402
 from memory.modes import ModeStore  # noqa: E402
@@ -142,7 +142,7 @@ async def _conversation(fake: FakeAnthropic, lines: list[str], turns: int, *, ca
     rng = random.Random(SEED)
     out: list[dict] = []
     with temp_home("ethan-bench-cost-") as home:
-        db = await Database(home / "ethan.db").open()
+        db = await SqliteDatabase(home / "ethan.db").open()
         if openai_path:
             client = openai_client(api_key="bench", base_url=fake.base_url)
             chat_model = OpenAIChatModel(client, OPENAI_MODEL)

@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from memory import episodic, tokenizer  # noqa: E402
-from memory.db import Database  # noqa: E402
+from storage.sqlite import SqliteDatabase  # noqa: E402
 from memory.episodic import EpisodeStore  # noqa: E402
 from memory.scope import Scope  # noqa: E402
 from tests.memory import episodes_labelled as L  # noqa: E402
@@ -87,7 +87,7 @@ async def _run(quick: bool) -> list[str]:
     rounds = [("labelled", 0)] if quick else [("labelled", 0), ("+ 20 other users", 20)]
     reps = 1 if quick else 5
     with tempfile.TemporaryDirectory() as tmp:
-        db = await Database(Path(tmp) / "bench.db").open()
+        db = await SqliteDatabase(Path(tmp) / "bench.db").open()
         try:
             store = EpisodeStore(db)
             ids = await L.load(store)

@@ -93,7 +93,7 @@ async def _assembly(target: str, n_facts: int, reps: int, budget: float) -> dict
     from bench.bench_context import FULL_TEXT, MEDIUM_TEXT, SEED, TextPool, _seed_user, _time
     from bot.agent.agent import Agent, Memory
     from bot.agent.prompt import build_system
-    from memory.db import database
+    from storage import database
     from memory.episodic import EpisodeStore
     from memory.tokenizer import warm_up
     from memory.facts import CATEGORIES, FactStore

@@ -37,7 +37,7 @@ from bot.tools import TOOL_SPECS  # noqa: E402
 from memory.consolidation_queue import ConsolidationQueue  # noqa: E402
 from memory.consolidator import Consolidator  # noqa: E402
 from memory.models import route_consolidation_model  # noqa: E402
-from memory.db import Database  # noqa: E402
+from storage.sqlite import SqliteDatabase  # noqa: E402
 from memory.episodic import EpisodeStore  # noqa: E402
 from memory.facts import FactStore  # noqa: E402
 from memory.modes import ModeStore  # noqa: E402
@@ -139,7 +139,7 @@ async def _run(quick: bool) -> list[str]:
     try:
         _install_responders(fake)
         with temp_home("ethan-bench-prompt-") as home:
-            db = await Database(home / "ethan.db").open()
+            db = await SqliteDatabase(home / "ethan.db").open()
             client = make_client(api_key="bench", base_url=fake.base_url)
             try:
                 sessions = SessionStore(db)

@@ -183,13 +183,13 @@ from memory.episodic import RECALL_BUDGET_TOKENS  # noqa: E402
 
 
 async def _store(c: R.Corpus) -> dict:
-    from memory.db import Database
+    from storage.sqlite import SqliteDatabase
     from memory.episodic import METHODS, EpisodeStore
     from memory.tokenizer import warm_up
 
     warm_up()
     with temp_home("ethan-bench-recall-store-") as home:
-        db = await Database(Path(home) / "e.db").open()
+        db = await SqliteDatabase(Path(home) / "e.db").open()
         try:
             store = EpisodeStore(db)
             label_of = await R.load(store, c)
@@ -201,11 +201,11 @@ async def _store(c: R.Corpus) -> dict:
 
 
 async def _decisions() -> dict:
-    from memory.db import Database
+    from storage.sqlite import SqliteDatabase
     from memory.facts import FactStore
 
     with temp_home("ethan-bench-facts-") as home:
-        db = await Database(Path(home) / "f.db").open()
+        db = await SqliteDatabase(Path(home) / "f.db").open()
         try:
             return await D.score(lambda: FactStore(db))
         finally:

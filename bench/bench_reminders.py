@@ -24,7 +24,8 @@ if str(ROOT) not in sys.path:
 
 from bench.common import ms, percentile, table  # noqa: E402
 from bot.scheduler import Scheduler  # noqa: E402
-from memory.db import Database  # noqa: E402
+from storage import Database  # noqa: E402
+from storage.sqlite import SqliteDatabase
 from memory.schedules import ScheduleStore  # noqa: E402
 
 TZ = "UTC"
@@ -47,7 +48,7 @@ async def _fill(db: Database, n: int, start: float) -> None:
 
 async def _run(pending: int, due_jobs: int, idle_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="ethan-bench-rem-") as home:
-        db = await Database(Path(home) / "ethan.db").open()
+        db = await SqliteDatabase(Path(home) / "ethan.db").open()
         try:
             store = ScheduleStore(db)
             now = time.time()

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memory.db import Database  # noqa: E402
+from storage.sqlite import SqliteDatabase  # noqa: E402
 from memory.sessions import SessionStore  # noqa: E402
 
 SEED = 20260611
@@ -280,7 +280,7 @@ async def _measure(path: Path, n: int) -> list[str]:
     fast_reps, reps = FTS_REPS, like_reps(n)
     rows: list[str] = []
     raw = sqlite3.connect(str(path))
-    db = await Database(path).open()
+    db = await SqliteDatabase(path).open()
     try:
         store = SessionStore(db)
         heavy = raw.execute("SELECT user_id FROM conversation_members GROUP BY user_id "
@@ -341,7 +341,7 @@ async def _run(quick: bool) -> list[str]:
                 gen_s = time.perf_counter() - t0
                 avg = corpus.chars / len(corpus.messages)
                 path = Path(home) / f"ethan-{n}.db"
-                await (await Database(path).open()).close()
+                await (await SqliteDatabase(path).open()).close()
                 bulk = build(path, corpus, triggers=False)
                 size_mb = path.stat().st_size / 1e6
                 build_rows.append(
@@ -350,7 +350,7 @@ async def _run(quick: bool) -> list[str]:
                     f"{n / bulk['total']:,.0f} | {size_mb:.0f} |")
                 if n == trigger_size:
                     tpath = Path(home) / f"ethan-{n}-triggers.db"
-                    await (await Database(tpath).open()).close()
+                    await (await SqliteDatabase(tpath).open()).close()
                     trig = build(tpath, corpus, triggers=True)
                     build_rows.append(
                         f"| {n:,} | {len(corpus.sessions):,} | {avg:.0f} | — | triggers active | "

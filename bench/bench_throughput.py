@@ -195,7 +195,7 @@ def _caller() -> tuple[str, str]:
     inner, stage = "", ""
     while f is not None:
         fn, name = f.f_code.co_filename, f.f_code.co_name
-        if ("/memory/" in fn or "/bot/" in fn) and not fn.endswith("/memory/db.py") and "/.venv/" not in fn:
+        if ("/memory/" in fn or "/bot/" in fn) and "/storage/" not in fn and "/.venv/" not in fn:
             if not inner and name not in _HELPERS:
                 inner = f"{fn.rsplit('/', 2)[-2]}/{fn.rsplit('/', 1)[-1].removesuffix('.py')}.{name}"
             if not stage and name in _STAGES:

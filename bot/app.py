@@ -50,7 +50,7 @@ from bot.replicas import Replicas
 from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
-from memory.db import Database, is_database_error
+from storage import Database, is_database_error
 from memory.models import caps
 from memory.withdraw import cancel_pending
 from memory.episodic import EpisodeStore

@@ -228,7 +228,7 @@ def _loop_factory():
 def _serve(settings: Settings) -> int:
     configure_logging(settings.ethan_log_level)
     from bot.app import serve
-    from memory.db import DatabaseError
+    from storage import DatabaseError
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
@@ -252,7 +252,7 @@ def _database_name(settings: Settings) -> str:
     database name — never the URL itself, which may carry a password."""
     from urllib.parse import urlsplit
 
-    from memory.db import is_database_url
+    from storage import is_database_url
 
     target = settings.database_target
     if not is_database_url(target):
@@ -263,7 +263,7 @@ def _database_name(settings: Settings) -> str:
 
 def _run(make: Callable[[], Awaitable[int | None]], settings: Settings, *, quiet: bool = False) -> int:
     """Run one command: one-line errors, exit codes, logs kept out of the way."""
-    from memory.db import DatabaseError
+    from storage import DatabaseError
 
     _configure_quiet_logging(settings, chat=quiet)
     try:
@@ -321,7 +321,7 @@ async def _chat(settings: Settings, user: str, resume: str | None) -> int:
 # --------------------------------------------------------------------------------------
 
 async def _open(settings: Settings, *, create: bool = False):
-    from memory.db import is_database_url
+    from storage import is_database_url
 
     if is_database_url(settings.database_target):
         return await settings.open_database().open()
@@ -607,13 +607,14 @@ MEMORY_ACTIONS = {"export": _memory_export, "import": _memory_import}
 
 async def _db_copy(settings: Settings, args: argparse.Namespace) -> int:
     from memory.copy import copy_database
-    from memory.db import Database, database, is_database_url
+    from storage import database, is_database_url
+    from storage.sqlite import SqliteDatabase
 
     if not is_database_url(args.to):
         raise CliError(f"ethan: --to {args.to!r}: not a postgresql:// URL")
     if not settings.db_path.exists():
         raise CliError(f"ethan: no database at {settings.db_path} to copy", EXIT_FAIL)
-    source = await Database(settings.db_path).open()
+    source = await SqliteDatabase(settings.db_path).open()
     try:
         target = await database(args.to).open()
         try:
@@ -635,7 +636,8 @@ async def _db_copy(settings: Settings, args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 async def _backup(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.db import check_file, is_database_url
+    from storage import is_database_url
+    from storage.sqlite import check_file
 
     if is_database_url(settings.database_target):
         # SQLite's online backup API has no PostgreSQL counterpart here: the server's own

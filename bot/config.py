@@ -369,7 +369,7 @@ class Settings(BaseSettings):
 
     @property
     def database_target(self) -> str | Path:
-        """What memory.db.database() opens: the PostgreSQL URL if set, else the SQLite file."""
+        """What storage.database() opens: the PostgreSQL URL if set, else the SQLite file."""
         return self.ethan_database_url.strip() or self.db_path
 
     @property
@@ -378,7 +378,7 @@ class Settings(BaseSettings):
         return self.ethan_replica_id.strip() or default_replica_id()
 
     def open_database(self):
-        from memory.db import database, is_database_url
+        from storage import database, is_database_url
         target = self.database_target
         if is_database_url(target):
             return database(target, pool_size=self.ethan_database_pool)

@@ -19,7 +19,7 @@ import collections
 from typing import Any, Awaitable, Callable
 
 from bot.log import get_logger
-from memory.db import is_database_error
+from storage import is_database_error
 
 log = get_logger("ethan.dispatch")
 

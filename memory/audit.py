@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from memory.db import Database
+from storage import Database
 
 MAX_DETAIL_CHARS = 500
 

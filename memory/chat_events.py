@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from memory.db import Database
+from storage import Database
 
 
 async def first_greeting(db: Database, chat_id: str, kind: str) -> bool:

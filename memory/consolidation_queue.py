@@ -46,7 +46,7 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from memory.consolidator import Consolidator
-from memory.db import dialect_of, is_database_error
+from storage import dialect_of, is_database_error
 from memory.modes import COMPANION
 from memory.scope import Scope
 from memory.similarity import similarity

@@ -2,7 +2,7 @@
 team that outgrows one machine keeps its memory (DESIGN §7).
 
 Row for row, column for column (the two schemas have the same tables, columns and version
-numbers: memory/schema/postgres.py), in one transaction on the target. Idempotent: rows
+numbers: storage/schema/postgres.py), in one transaction on the target. Idempotent: rows
 already there (same primary key / unique key) are left alone, so a copy interrupted or run
 twice ends in the same state. Verified: afterwards every table holds as many rows as the
 source's, or the copy is refused (rolled back) with the tables that differ.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.db import Database, DatabaseError, dialect_of
+from storage import Database, DatabaseError, dialect_of
 
 # Parents before children (foreign keys); the PostgreSQL schema's order.
 ORDER = ("inbox", "outbox", "modes", "audit", "sessions", "conversations", "conversation_members",

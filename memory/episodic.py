@@ -70,7 +70,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from memory.db import Database, dialect_of
+from storage import Database, dialect_of
 from memory.reltime import day_of, resolve
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
 from memory.tokenizer import CJK as _CJK

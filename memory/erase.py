@@ -53,7 +53,7 @@ from typing import Any
 import asyncio
 import re
 
-from memory.db import Database, dialect_of, fetch_all
+from storage import Database, dialect_of, fetch_all
 from memory.episodic import extract_keywords, prepare_chunks, summary_terms, write_chunks
 from memory.tokenizer import is_warm, warm_up
 from memory.sessions import make_title

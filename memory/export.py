@@ -65,7 +65,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, field_validator
 
-from memory.db import Database, fetch_one
+from storage import Database, fetch_one
 from memory.episodic import (MAX_BODY_LINES, MAX_IMPORT_SUMMARY_CHARS, MAX_KEYWORDS, MAX_SUMMARY_CHARS,
                              CHUNK_LINES, CHUNK_STRIDE,
                              prepare_chunks, summary_terms, write_chunks)

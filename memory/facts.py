@@ -78,7 +78,7 @@ from functools import lru_cache
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from memory.db import Database, fetch_one
+from storage import Database, fetch_one
 from memory.redact import looks_like_secret
 from memory.scope import Scope
 from memory.similarity import RELATED, SAME, dice, norm_bigrams, normalise
@@ -684,7 +684,7 @@ class FactStore:
             return [_fact(r) for r in await self.db.fetchall(*top_query(scope, k))]
         if self.db.dialect == "postgres":
             # A write unit there holds the one write lock from its first statement to COMMIT
-            # (memory/pg.py), across the worker-thread hops between them, for every message —
+            # (storage/postgres.py), across the worker-thread hops between them, for every message —
             # usually to touch nothing. So: the SELECT with no lock, then, only when facts were
             # found, the UPDATE as a one-statement write (locked only while the server runs it).
             # Touching rows a concurrent writer just changed or deleted is harmless: the UPDATE

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memory.db import Database
+from storage import Database
 from memory.episodic import extract_keywords, prepare_chunks, session_lines, summary_terms, write_chunks
 from memory.tokenizer import search_terms
 

@@ -25,7 +25,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-from memory.db import Database
+from storage import Database
 
 KEEP_SECONDS = 24 * 3600
 STALE_SECONDS = 30 * 60

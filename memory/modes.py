@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from memory.db import Database
+from storage import Database
 
 WORK = "work"
 COMPANION = "companion"

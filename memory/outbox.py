@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from memory.db import Database
+from storage import Database
 
 KEEP_SECONDS = 2 * 24 * 3600   # Lark's uuid dedup lasts an hour; a crashed reply is answered within 30 min
 

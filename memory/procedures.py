@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from memory.db import Database
+from storage import Database
 from memory.redact import looks_like_secret
 from memory.scope import Scope
 from memory.facts import SAME_FACT, relation

@@ -79,7 +79,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
-from memory.db import Database
+from storage import Database
 from memory.scope import Scope
 from memory.similarity import RELATED, normalise, similarity
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from memory.db import dialect_of
+from storage import dialect_of
 from memory.inbox import default_replica_id
 from memory.recurrence import next_after
 

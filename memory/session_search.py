@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from memory.db import Database
+from storage import Database
 
 MIN_FTS_CHARS = 3          # the trigram tokenizer matches substrings of at least 3 characters
 SNIPPET_CHARS = 80

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
-from memory.db import Database, DatabaseError, fetch_all
+from storage import Database, DatabaseError, fetch_all
 from memory.session_search import (  # noqa: F401  (re-exported: the search's public names)
     MIN_FTS_CHARS,
     SCAN_LIMIT,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memory.db import Database
+from storage import Database
 
 USERS_LISTED = 1000
 

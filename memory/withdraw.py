@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.db import Database
+from storage import Database
 from memory.erase import optimize_index
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from memory.speaker import label as speaker_label
-from memory.db import Database
+from storage import Database
 
 REPLAY_CAP = 4000                   # chars per replayed stored message
 TRUNCATED = "…(truncated)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.db import Database, database
+from storage import Database, database
 
 BACKENDS = ["sqlite", "postgres"]
 

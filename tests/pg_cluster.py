@@ -96,7 +96,7 @@ class Cluster:
 
     def migrated_template(self) -> None:
         import asyncio
-        from memory.pg import PgDatabase
+        from storage.postgres import PgDatabase
         self.admin("CREATE DATABASE ethan_template")
 
         async def migrate() -> None:

@@ -1,10 +1,10 @@
-"""The private aiosqlite API memory/_aiosqlite_compat.py wraps still has the shape and the
+"""The private aiosqlite API storage/_aiosqlite_compat.py wraps still has the shape and the
 behaviour the SQLite backend relies on (issue 16: "a test that fails on an incompatible
 upgrade"), on the aiosqlite installed — and that version is inside the range this was tested on,
 which is pyproject.toml's pin.
 
 If this fails after an upgrade: read aiosqlite's changelog and core.py for ``_execute`` and
-``_conn``, adapt memory/_aiosqlite_compat.py (the only module that touches them), then widen
+``_conn``, adapt storage/_aiosqlite_compat.py (the only module that touches them), then widen
 ``TESTED`` and the pin in pyproject.toml together.
 """
 
@@ -23,8 +23,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from memory import _aiosqlite_compat as compat
-from memory.db import Database
+from storage import _aiosqlite_compat as compat
+from storage.sqlite import SqliteDatabase
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def pinned() -> SpecifierSet:
 def test_the_pin_is_the_tested_range_and_the_installed_version_is_in_it():
     spec = pinned()
     assert spec == SpecifierSet(compat.TESTED), (
-        f"pyproject.toml pins aiosqlite {spec}, but memory/_aiosqlite_compat.py was tested on "
+        f"pyproject.toml pins aiosqlite {spec}, but storage/_aiosqlite_compat.py was tested on "
         f"{compat.TESTED}: run this file on the new range, then change both together")
     assert any(s.operator in ("<", "<=", "==", "~=") for s in spec), \
         "the pin needs an upper bound: a new aiosqlite must be tested here before it is used"
@@ -92,7 +92,7 @@ async def test_a_unit_of_work_runs_on_the_sqlite_connection_in_aiosqlites_own_th
 
 
 async def test_database_read_and_write_go_through_the_wrapper(tmp_path, monkeypatch):
-    """memory/db.py uses no other door into aiosqlite's thread: with the wrapper counting, each
+    """storage/sqlite.py uses no other door into aiosqlite's thread: with the wrapper counting, each
     unit of work is exactly one hop."""
     calls: list[str] = []
     real = compat.run_in_thread
@@ -101,8 +101,8 @@ async def test_database_read_and_write_go_through_the_wrapper(tmp_path, monkeypa
         calls.append(getattr(fn, "__name__", "?"))
         return await real(aconn, fn, *args)
 
-    monkeypatch.setattr("memory.db.run_in_thread", counting)
-    db = await Database(tmp_path / "ethan.db").open()
+    monkeypatch.setattr("storage.sqlite.run_in_thread", counting)
+    db = await SqliteDatabase(tmp_path / "ethan.db").open()
     try:
         await db.write(lambda c: c.execute("INSERT INTO audit(at, actor, action, target, chat_id, detail, allowed)"
                                            " VALUES (1, 'a', 'x', '', '', '', 1)"))

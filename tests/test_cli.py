@@ -27,7 +27,7 @@ import pytest
 import structlog
 
 from bot.cli import main
-from memory.db import Database
+from storage.sqlite import SqliteDatabase
 from memory.export import FILES, MANIFEST
 from memory.scope import Scope
 from memory.sessions import SessionStore
@@ -214,7 +214,7 @@ LONG = "乌龙茶" + "很好喝" * 150
 
 
 async def _seed(path: Path) -> dict[str, str]:
-    db = await Database(path).open()
+    db = await SqliteDatabase(path).open()
     try:
         store = SessionStore(db, rng=Tails("ab12", "cd12", "ef34", "0a56"))
         alice = Scope(user_id="ou_alice", chat_id="oc_alice_dm", chat_type="p2p")
@@ -316,7 +316,7 @@ def test_resume_with_an_ambiguous_tail_lists_the_candidates(home, capsys):
     import asyncio
 
     async def seed() -> list[str]:
-        db = await Database(home / "ethan.db").open()
+        db = await SqliteDatabase(home / "ethan.db").open()
         try:
             store = SessionStore(db, rng=Tails("aa77", "bb77"))
             local = Scope(user_id=LOCAL, chat_id=CLI_CHAT, chat_type="p2p")
@@ -468,7 +468,7 @@ def test_memory_import_cli_round_trip_and_refusal(home, tmp_path, capsys, monkey
     from memory.facts import FactStore
 
     async def seed() -> None:
-        db = await Database(home / "ethan.db").open()
+        db = await SqliteDatabase(home / "ethan.db").open()
         try:
             await FactStore(db).add(Scope(user_id="ou_alice", chat_id="oc_a", chat_type="p2p"),
                                     "用户喜欢乌龙茶", "preference", source="agent_proactive")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from bot.cli import main
-from memory.schema.postgres import PG_ONLY_TABLES
-from memory.db import Database, database
+from storage.schema.postgres import PG_ONLY_TABLES
+from storage import database
+from storage.sqlite import SqliteDatabase
 from tests.test_export import ALICE, BOB, fill
 from memory.sessions import SessionStore
 from memory.scope import Scope
@@ -28,7 +29,7 @@ def home(tmp_path, monkeypatch):
 
 
 async def _seed(path: Path) -> None:
-    db = await Database(path).open()
+    db = await SqliteDatabase(path).open()
     try:
         await fill(db)
         sessions = SessionStore(db)
@@ -106,7 +107,7 @@ async def test_the_copy_knows_every_table_of_the_schema(tmp_path):
     behind when a team moves to PostgreSQL."""
     from memory.copy import ORDER
 
-    db = await Database(tmp_path / "t.db").open()
+    db = await SqliteDatabase(tmp_path / "t.db").open()
     try:
         tables = set(await db.table_columns()) - {"schema_version"}
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.db import Database, database as open_target_db
+from storage import Database, database as open_target_db
 from tests.conftest import BACKENDS
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.db import database
+from storage import database
 from tests.conftest import BACKENDS
 from tests.reliability.support import problem_lines
 

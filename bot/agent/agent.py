@@ -25,7 +25,7 @@ from bot.text import is_chinese
 from bot.tools import ToolContext, default_registry
 from bot.tools.registry import ToolRegistry
 from memory.consolidation_queue import ConsolidationQueue
-from memory.db import Database
+from storage import Database
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.modes import ModeStore

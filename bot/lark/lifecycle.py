@@ -20,7 +20,7 @@ from bot.lark.events import Envelope
 from bot.lark.openapi import LarkApiError
 from bot.log import get_logger
 from memory import audit, chat_events
-from memory.db import Database
+from storage import Database
 from memory.withdraw import withdraw_message
 
 log = get_logger("ethan.lark.events")

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from bot.log import get_logger
-from memory.db import is_database_error
+from storage import is_database_error
 
 log = get_logger("ethan.web")
 

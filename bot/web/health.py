@@ -20,7 +20,7 @@ class Probed(Protocol):
     ready: bool
     closing: bool
     started_at: float
-    db: Any              # memory.db.Database | None (``is_open``)
+    db: Any              # storage.Database | None (``is_open``)
     intake: Any          # set once the webhook intake exists
     long_connection: Any  # ``is_connected``, ``status()``
     agent: Any           # ``model.name``

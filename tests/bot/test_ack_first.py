@@ -14,13 +14,14 @@ import pytest
 from bot.dispatch import Dispatcher
 from memory.inbox import Inbox
 from bot.lark.intake import Intake
-from memory.db import Database
+from storage import Database
+from storage.sqlite import SqliteDatabase
 from tests.fakes.lark_events import make_text_event
 
 
 @pytest.fixture
 async def world(tmp_path):
-    db = await Database(tmp_path / "ack.db").open()
+    db = await SqliteDatabase(tmp_path / "ack.db").open()
     started: list[tuple[object, float]] = []
 
     async def handle(job) -> None:

@@ -7,13 +7,13 @@ import asyncio
 import pytest
 
 from memory.inbox import Inbox
-from memory.db import Database
+from storage.sqlite import SqliteDatabase
 from tests.round_trips import counting_round_trips
 
 
 @pytest.fixture
 async def db(tmp_path):
-    d = await Database(tmp_path / "inbox.db").open()
+    d = await SqliteDatabase(tmp_path / "inbox.db").open()
     yield d
     await d.close()
 
@@ -65,8 +65,8 @@ async def test_dedup_is_keyed_on_the_event_and_v3_databases_migrate(tmp_path):
     import sqlite3
     import time
 
-    from memory.db import _split_sql
-    from memory.schema import MIGRATIONS
+    from storage.sqlite import _split_sql
+    from storage.schema import MIGRATIONS
 
     path = tmp_path / "v3.db"
     conn = sqlite3.connect(path)
@@ -79,7 +79,7 @@ async def test_dedup_is_keyed_on_the_event_and_v3_databases_migrate(tmp_path):
                  " VALUES ('ev_old', 'om_old', 'oc_1', 'oc_1', 1, 1, '{}')")
     conn.commit()
     conn.close()
-    d = await Database(path).open()
+    d = await SqliteDatabase(path).open()
     try:
         row = await d.fetchone("SELECT id, dedup_key, event_type FROM inbox WHERE event_id = 'ev_old'")
         assert (row["id"], row["dedup_key"], row["event_type"]) == (1, "msg:om_old", "im.message.receive_v1")

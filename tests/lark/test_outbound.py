@@ -26,7 +26,7 @@ from bot.lark.outbound import (
     split_text,
 )
 from memory.outbox import Outbox
-from memory.db import Database
+from storage.sqlite import SqliteDatabase
 from tests.fakes.fake_lark import FakeLark, chat_rate_limited, rate_limited, server_error
 
 CHAT = "oc_chat1"
@@ -401,7 +401,7 @@ async def test_card_ledger_finishes_the_card_left_by_a_crashed_run(fake, make_se
     """With the outbox as ledger, the second run (the inbox replays the message after a crash
     in the middle of streaming) adopts the card on screen: one message, one card, the full
     answer, streaming closed; sequences keep increasing across the two runs."""
-    db = await Database(tmp_path / "e.db").open()
+    db = await SqliteDatabase(tmp_path / "e.db").open()
     try:
         ledger = Outbox(db)
         sender = make_sender()

@@ -19,7 +19,8 @@ from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import (
     COMPRESS_SYSTEM, EPISODE_SYSTEM, EXTRACT_TOOL, FOLD_SYSTEM, SUMMARY_TOOL, Consolidator,
 )
-from memory.db import Database, database
+from storage import database
+from storage.sqlite import SqliteDatabase
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.modes import COMPANION, ModeStore
@@ -256,7 +257,7 @@ async def test_restart_mid_job_neither_loses_nor_repeats(tmp_path, fake, caplog)
     # the operator's line counts what was cut off, not what is left after cancelling it
     assert re.search(r"consolidation_drain_timeout left=[1-9]", caplog.text), caplog.text
     # nothing was committed for the cancelled job
-    db = await Database(path).open()
+    db = await SqliteDatabase(path).open()
     assert (await db.fetchone("SELECT COUNT(*) AS n FROM warm_summaries"))["n"] == 0
     await db.close()
 

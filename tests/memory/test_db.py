@@ -1,4 +1,4 @@
-"""memory.db: pragmas, versioned migrations, busy/locked behaviour."""
+"""storage.sqlite: pragmas, versioned migrations, busy/locked behaviour."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-import memory.db
-from memory.db import Database, DatabaseError, SchemaTooNew
-from memory.schema import MIGRATIONS
+import storage.sqlite
+from storage import DatabaseError, SchemaTooNew
+from storage.sqlite import SqliteDatabase
+from storage.schema import MIGRATIONS
 from memory.scope import Scope
 from memory.sessions import SessionStore
 from tests.round_trips import counting_round_trips
@@ -20,7 +21,7 @@ async def test_pragmas(db):
     assert (await db.fetchone("PRAGMA journal_mode"))[0] == "wal"
     assert (await db.fetchone("PRAGMA foreign_keys"))[0] == 1
     assert (await db.fetchone("PRAGMA synchronous"))[0] == 1          # NORMAL
-    assert (await db.fetchone("PRAGMA busy_timeout"))[0] == memory.db.BUSY_TIMEOUT_MS
+    assert (await db.fetchone("PRAGMA busy_timeout"))[0] == storage.sqlite.BUSY_TIMEOUT_MS
 
 
 async def test_fresh_database_is_at_the_latest_version(db):
@@ -33,9 +34,9 @@ async def test_fresh_database_is_at_the_latest_version(db):
 async def test_reopening_applies_nothing_twice(tmp_path):
     path = tmp_path / "e.db"
     for _ in range(2):
-        db = await Database(path).open()
+        db = await SqliteDatabase(path).open()
         await db.close()
-    db = await Database(path).open()
+    db = await SqliteDatabase(path).open()
     try:
         assert (await db.fetchone("SELECT COUNT(*) FROM schema_version"))[0] == len(MIGRATIONS)
     finally:
@@ -45,16 +46,16 @@ async def test_reopening_applies_nothing_twice(tmp_path):
 async def test_previous_version_database_is_upgraded_with_data_intact(tmp_path, monkeypatch):
     path = tmp_path / "old.db"
     # The previous release: only migration 1.
-    monkeypatch.setattr(memory.db, "MIGRATIONS", MIGRATIONS[:1])
-    old = await Database(path).open()
+    monkeypatch.setattr(storage.sqlite, "MIGRATIONS", MIGRATIONS[:1])
+    old = await SqliteDatabase(path).open()
     assert await old.schema_version() == 1
     store = SessionStore(old)
     res = await store.append_user(Scope("ou_a", "oc_a", "p2p"), "数据库升级之前的消息")
     await store.append_assistant(res.session.id, "reply before the upgrade")
     await old.close()
-    monkeypatch.setattr(memory.db, "MIGRATIONS", MIGRATIONS)
+    monkeypatch.setattr(storage.sqlite, "MIGRATIONS", MIGRATIONS)
 
-    new = await Database(path).open()
+    new = await SqliteDatabase(path).open()
     try:
         assert await new.schema_version() == len(MIGRATIONS)
         index = await new.fetchone("SELECT name FROM sqlite_master WHERE type = 'index' AND name = 'sessions_tail'")
@@ -71,14 +72,14 @@ async def test_previous_version_database_is_upgraded_with_data_intact(tmp_path, 
 
 async def test_failed_migration_rolls_back_and_keeps_the_version(tmp_path, monkeypatch):
     path = tmp_path / "e.db"
-    db = await Database(path).open()
+    db = await SqliteDatabase(path).open()
     await db.close()
     broken = "CREATE TABLE half_done (x INTEGER);\nTHIS IS NOT SQL;"
-    monkeypatch.setattr(memory.db, "MIGRATIONS", [*MIGRATIONS, broken])
+    monkeypatch.setattr(storage.sqlite, "MIGRATIONS", [*MIGRATIONS, broken])
     with pytest.raises(sqlite3.OperationalError):
-        await Database(path).open()
-    monkeypatch.setattr(memory.db, "MIGRATIONS", MIGRATIONS)
-    db = await Database(path).open()
+        await SqliteDatabase(path).open()
+    monkeypatch.setattr(storage.sqlite, "MIGRATIONS", MIGRATIONS)
+    db = await SqliteDatabase(path).open()
     try:
         assert await db.schema_version() == len(MIGRATIONS)
         assert await db.fetchone("SELECT 1 FROM sqlite_master WHERE name = 'half_done'") is None
@@ -88,10 +89,10 @@ async def test_failed_migration_rolls_back_and_keeps_the_version(tmp_path, monke
 
 async def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
     path = tmp_path / "future.db"
-    db = await Database(path).open()
+    db = await SqliteDatabase(path).open()
     await db.execute("INSERT INTO schema_version(version, applied_at) VALUES (?, ?)", (len(MIGRATIONS) + 5, time.time()))
     await db.close()
-    newer = Database(path)
+    newer = SqliteDatabase(path)
     with pytest.raises(SchemaTooNew) as e:
         await newer.open()
     message = str(e.value)
@@ -102,7 +103,7 @@ async def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
 
 async def test_two_processes_opening_a_new_database_at_once(tmp_path):
     path = tmp_path / "race.db"
-    dbs = await asyncio.gather(*(Database(path).open() for _ in range(3)))
+    dbs = await asyncio.gather(*(SqliteDatabase(path).open() for _ in range(3)))
     try:
         for db in dbs:
             assert await db.schema_version() == len(MIGRATIONS)
@@ -113,7 +114,7 @@ async def test_two_processes_opening_a_new_database_at_once(tmp_path):
 
 
 async def test_write_waits_for_busy_timeout_then_raises_database_error(tmp_path):
-    db = await Database(tmp_path / "busy.db", busy_timeout_ms=200).open()
+    db = await SqliteDatabase(tmp_path / "busy.db", busy_timeout_ms=200).open()
     other = sqlite3.connect(db.path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
@@ -134,7 +135,7 @@ async def test_write_waits_for_busy_timeout_then_raises_database_error(tmp_path)
 
 
 async def test_write_proceeds_when_the_lock_is_released_within_the_timeout(tmp_path):
-    db = await Database(tmp_path / "busy.db", busy_timeout_ms=3000).open()
+    db = await SqliteDatabase(tmp_path / "busy.db", busy_timeout_ms=3000).open()
     other = sqlite3.connect(db.path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
@@ -148,11 +149,11 @@ async def test_write_proceeds_when_the_lock_is_released_within_the_timeout(tmp_p
 
 async def test_open_while_another_process_writes(tmp_path):
     path = tmp_path / "e.db"
-    await (await Database(path).open()).close()
+    await (await SqliteDatabase(path).open()).close()
     other = sqlite3.connect(str(path), isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
-        db = await Database(path, busy_timeout_ms=200).open()    # nothing to migrate: no write needed
+        db = await SqliteDatabase(path, busy_timeout_ms=200).open()    # nothing to migrate: no write needed
         try:
             assert await db.schema_version() == len(MIGRATIONS)
         finally:
@@ -232,10 +233,10 @@ async def test_write_inside_a_transaction_joins_it_and_reads_wait_for_it(db):
 async def test_wal_is_checkpointed_in_the_background_not_by_commits(tmp_path):
     """Commits no longer checkpoint by themselves (that pause sat on the one SQLite thread every
     query waits for); the background checkpointer keeps the WAL from growing instead."""
-    db = await Database(tmp_path / "wal.db").open()
+    db = await SqliteDatabase(tmp_path / "wal.db").open()
     try:
         await db.start_checkpointer(interval=0.05)
-        assert (await db.fetchone("PRAGMA wal_autocheckpoint"))[0] == memory.db.BACKSTOP_CHECKPOINT_PAGES
+        assert (await db.fetchone("PRAGMA wal_autocheckpoint"))[0] == storage.sqlite.BACKSTOP_CHECKPOINT_PAGES
         blob = "x" * 4000
         for _ in range(12):                       # ~12 × 500 KB, with time for checkpoints between (a loaded CI machine may delay the thread)
             await db.executemany("INSERT INTO audit(at, actor, action, detail) VALUES (0, 'a', 'b', ?)",

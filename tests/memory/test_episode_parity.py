@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from memory import episodic as E
-from memory.db import database
+from storage import database
 from memory.episodic import EpisodeStore
 from memory.scope import Scope
 from tests.memory import episodes_labelled as L

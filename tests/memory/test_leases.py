@@ -12,7 +12,7 @@ import pytest
 from bot.llm.anthropic_model import AnthropicChatModel
 from memory.consolidation_queue import ConsolidationQueue, JobClaims
 from memory.consolidator import EXTRACT_TOOL, SUMMARY_TOOL, Consolidator
-from memory.db import database
+from storage import database
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.inbox import Inbox

@@ -1,4 +1,4 @@
-"""memory/pg.py's own wire path on a real throwaway PostgreSQL (tests/pg_cluster.py): the write
+"""storage/postgres.py's own wire path on a real throwaway PostgreSQL (tests/pg_cluster.py): the write
 lock held from a unit's first statement to its commit, rollback and reuse of a connection after a
 failed first statement, client-side binding of one-statement writes, prepared statements."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from memory.db import IntegrityError, database
-from memory.pg import WRITE_LOCK
+from storage import IntegrityError, database
+from storage.postgres import WRITE_LOCK
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_a_raw_driver_error_counts_as_a_database_error():
     import psycopg
     import psycopg_pool
 
-    from memory.db import is_database_error
+    from storage import is_database_error
 
     assert is_database_error(psycopg.OperationalError("server closed the connection unexpectedly"))
     assert is_database_error(psycopg.errors.AdminShutdown("terminating connection"))

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from memory.db import database
+from storage import database
 from memory.erase import delete_session, erase_user, forget_memory
 from memory.recurrence import RecurrenceError, check_rrule, next_after, occurrences
 from memory.schedules import ScheduleStore, TooManySchedules

@@ -12,7 +12,8 @@ import pytest
 
 from tests.faults import fail_inserts, read_elsewhere, restore_inserts
 
-from memory.db import Database, DatabaseError, database
+from storage import Database, DatabaseError, database
+from storage.sqlite import SqliteDatabase
 from memory.scope import Scope
 from memory.sessions import (
     AmbiguousSession,
@@ -641,7 +642,7 @@ async def test_values_are_frozen(store):
 
 
 async def test_locked_database_gives_a_clear_error_and_loses_nothing(tmp_path, clock):
-    db = await Database(tmp_path / "locked.db", busy_timeout_ms=150).open()
+    db = await SqliteDatabase(tmp_path / "locked.db", busy_timeout_ms=150).open()
     try:
         store = SessionStore(db, clock=clock)
         await store.append_user(A_P2P, "before")

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from memory.db import BUSY_TIMEOUT_MS
+from storage.sqlite import BUSY_TIMEOUT_MS
 from tests.fakes.fake_anthropic import Text
 from tests.harness import Harness
 from tests.reliability.support import deliveries_by_trigger, wait_until

@@ -117,9 +117,9 @@ async def test_create_time_nan_is_answered_not_dropped_as_a_duplicate(tmp_path, 
 async def test_inbox_insert_does_not_hide_a_not_null_failure(tmp_path):
     """INSERT OR IGNORE turned a NULL create_time into "duplicate" (None); now it raises for
     that row (the webhook answers 503, Lark redelivers) while the rest of its group commits."""
-    from memory.db import Database
+    from storage.sqlite import SqliteDatabase
 
-    db = await Database(tmp_path / "x.db").open()
+    db = await SqliteDatabase(tmp_path / "x.db").open()
     try:
         inbox = Inbox(db)
         kw = dict(message_id=None, chat_id="oc", conv_key="oc", payload="{}")

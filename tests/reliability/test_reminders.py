@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 import aiohttp
 import pytest
 
-from memory.db import Database
+from storage.sqlite import SqliteDatabase
 from memory.schedules import ScheduleStore
 from tests.fakes.lark_events import make_text_event
 from tests.reliability.support import post_event, sqlite_rows, wait_until
@@ -29,7 +29,7 @@ TZ = "Asia/Shanghai"
 
 async def _add(home, seconds: float, text: str, *, chat_id="oc_p2p_rem", chat_type="p2p", owner="ou_alice"):
     """A job due ``seconds`` from now (whole seconds, as a user would set it)."""
-    db = await Database(home / "ethan.db").open()
+    db = await SqliteDatabase(home / "ethan.db").open()
     try:
         due = int(time.time() + seconds) + 1
         local = datetime.fromtimestamp(due, ZoneInfo(TZ)).replace(tzinfo=None).isoformat()

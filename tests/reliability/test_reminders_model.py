@@ -85,7 +85,7 @@ async def test_refused_past_and_too_far_then_one_arrives_at_its_time(tmp_path, l
 
 
 async def test_a_composed_reminder_is_written_by_the_model_with_the_owners_memory(tmp_path, lark, model):
-    from memory.db import Database
+    from storage.sqlite import SqliteDatabase
     from memory.facts import FactStore
     from memory.scope import Scope
 
@@ -93,7 +93,7 @@ async def test_a_composed_reminder_is_written_by_the_model_with_the_owners_memor
     try:
         await srv.start_ready()
         await srv.terminate()
-        db = await Database(srv.db_path).open()
+        db = await SqliteDatabase(srv.db_path).open()
         try:
             await FactStore(db).add(Scope(user_id="ou_alice", chat_id="oc_p2p_c", chat_type="p2p"),
                                     "用户的客户姓王", "knowledge", source="user_edit")

@@ -23,7 +23,7 @@ import time
 import aiohttp
 import pytest
 
-from memory.db import Database
+from storage.sqlite import SqliteDatabase
 from memory.working import MemoryConfig, WorkingMemory
 from tests.fakes.fake_anthropic import Delay, Text, last_user_text
 from tests.fakes.lark_events import make_text_event
@@ -81,7 +81,7 @@ async def _check_after_stop(db_path, events, delivered_before_stop: set[str], in
                                 "SELECT 1 FROM episodes WHERE session_id = ?", (long_session, long_session))
     assert not done, "the hanging consolidation cannot have finished"
     # Derivable: the very query the next start's recovery runs still finds the session.
-    db = await Database(db_path).open()
+    db = await SqliteDatabase(db_path).open()
     try:
         assert long_session in await WorkingMemory(db).sessions_needing_work()
     finally:

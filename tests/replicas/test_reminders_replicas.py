@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from memory.db import database
+from storage import database
 from memory.schedules import ScheduleStore
 from tests.reliability.support import wait_until
 

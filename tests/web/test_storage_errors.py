@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from memory.db import BUSY_TIMEOUT_MS
+from storage.sqlite import BUSY_TIMEOUT_MS
 from tests.reliability.support import LogCapture
 
 

@@ -1,4 +1,4 @@
-"""The one SQLite database every memory layer shares.
+"""The SQLite engine of the storage port (storage/port.py): one file every memory layer shares.
 
 WAL + synchronous=NORMAL (durable across process crashes, fast commits),
 foreign keys, a busy timeout, BEGIN IMMEDIATE for every write transaction,
@@ -21,8 +21,9 @@ from typing import Any, AsyncIterator, Callable, Iterable, Sequence, TypeVar
 
 import aiosqlite
 
-from memory._aiosqlite_compat import run_in_thread
-from memory.schema import MIGRATIONS
+from storage._aiosqlite_compat import run_in_thread
+from storage.port import DatabaseError, SchemaTooNew
+from storage.schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 5000
 T = TypeVar("T")
@@ -31,59 +32,8 @@ WAL_SIZE_LIMIT_BYTES = 32 * 1024 * 1024
 BACKSTOP_CHECKPOINT_PAGES = 20_000   # ~80 MB of WAL before a commit checkpoints by itself
 
 
-class DatabaseError(RuntimeError):
-    """A database problem worth one clear line to an operator."""
-
-
-class SchemaTooNew(DatabaseError):
-    pass
-
-
-class DatabaseUnavailable(DatabaseError):
-    """The database server cannot be reached (PostgreSQL down or restarting): the webhook
-    answers 503 so Lark retries, and /healthz is not ready."""
-
-
-class IntegrityError(sqlite3.IntegrityError):
-    """A uniqueness or foreign-key violation on either backend. A subclass of sqlite3's so one
-    ``except sqlite3.IntegrityError`` in a store catches both engines' violations."""
-
-
-def is_database_error(e: BaseException) -> bool:
-    """A failure of the database itself (locked, full, I/O, server gone), not a bug: worth a
-    retry, and a 503 rather than a 500 (the cause chain is followed a few links)."""
-    seen = 0
-    while e is not None and seen < 5:
-        if isinstance(e, (sqlite3.Error, DatabaseError)):
-            return True
-        # PostgreSQL's driver errors, also when a store raised one past memory/pg.py's
-        # translation (matched by module: psycopg is imported only when it is configured)
-        if type(e).__module__.split(".")[0] in ("psycopg", "psycopg_pool"):
-            return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False
-
-
-def dialect_of(conn: Any) -> str:
-    """``"sqlite"`` or ``"postgres"``: what a unit-of-work function (or a transaction) was
-    given. The few statements the engines spell too differently to translate branch on it."""
-    return getattr(conn, "dialect", "sqlite")
-
-
-def is_database_url(value: str | Path) -> bool:
-    return str(value).startswith(("postgresql://", "postgres://"))
-
-
-def database(target: str | Path, **kwargs: Any) -> "Database":
-    """The Database for ``target``: a PostgreSQL URL or a SQLite file path (not yet opened)."""
-    if is_database_url(target):
-        from memory.pg import PgDatabase   # psycopg only when PostgreSQL is configured
-        return PgDatabase(str(target), **kwargs)  # type: ignore[return-value]
-    return Database(target, **kwargs)
-
-
-class Database:
-    """The port every store is written against, SQLite's backend (memory/pg.py: PostgreSQL's).
+class SqliteDatabase:
+    """The storage port (storage.port.Database) on SQLite (storage/postgres.py: PostgreSQL's).
 
     ``read(fn, *args)`` / ``write(fn, *args)`` run one unit of work ``fn(conn, *args)`` — a plain
     function over a DB-API connection — as one read snapshot / one serialised write transaction;
@@ -101,7 +51,7 @@ class Database:
         self._checkpoint_stop = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------------
-    async def open(self) -> "Database":
+    async def open(self) -> "SqliteDatabase":
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._conn = await aiosqlite.connect(
@@ -295,6 +245,9 @@ class Database:
         finally:
             target.close()
 
+    async def ping(self) -> None:
+        await self.fetchone("SELECT 1")
+
     async def integrity_check(self) -> str:
         row = await self.fetchone("PRAGMA integrity_check")
         return str(row[0])
@@ -372,14 +325,3 @@ def _split_sql(script: str) -> list[str]:
     if tail:
         out.append(tail)
     return out
-
-
-async def fetch_one(conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-    """One row, on the connection ``Database.transaction()`` yields (one round trip)."""
-    rows = await conn.execute_fetchall(sql, params)
-    return rows[0] if rows else None
-
-
-async def fetch_all(conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-    """Every row, on the connection ``Database.transaction()`` yields (one round trip)."""
-    return list(await conn.execute_fetchall(sql, params))

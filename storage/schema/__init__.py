@@ -5,7 +5,7 @@ layer's tables live beside nothing else's). Later versions are appended as
 ALTER/CREATE scripts and never edited once released.
 """
 
-from memory.schema import core, sessions, working, facts, procedures, profile, episodic, schedules
+from storage.schema import core, sessions, working, facts, procedures, profile, episodic, schedules
 
 V1 = "\n".join(m.V1 for m in (core, sessions, working, facts, procedures, profile, episodic))
 

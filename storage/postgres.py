@@ -1,4 +1,4 @@
-"""The PostgreSQL backend of the one Database port (memory/db.py).
+"""The PostgreSQL engine of the storage port (storage/port.py).
 
 Why psycopg 3 with sync connections in a worker pool (and not asyncpg): every store's unit of
 work is one plain function over a DB-API connection (``fn(conn, *args)``), run today in
@@ -42,8 +42,8 @@ from psycopg import errors, pq
 from psycopg.adapt import Dumper, Loader, PyFormat, Transformer
 from psycopg_pool import ConnectionPool
 
-from memory.db import DatabaseError, DatabaseUnavailable, IntegrityError, SchemaTooNew
-from memory.schema.postgres import PG_MIGRATIONS
+from storage.port import DatabaseError, DatabaseUnavailable, IntegrityError, NotSupported, SchemaTooNew
+from storage.schema.postgres import PG_MIGRATIONS
 
 T = TypeVar("T")
 WRITE_LOCK = 0x45746861      # "Etha": the advisory lock every write transaction holds
@@ -473,7 +473,7 @@ def _unavailable(e: BaseException) -> DatabaseUnavailable:
 
 
 class PgDatabase:
-    """The Database port on PostgreSQL (see memory/db.py for the contract)."""
+    """The storage port (storage.port.Database) on PostgreSQL."""
     dialect = "postgres"
 
     def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL, connect_timeout: float = 5.0) -> None:
@@ -683,6 +683,11 @@ class PgDatabase:
 
     async def ping(self) -> None:
         await self.fetchone("SELECT 1")
+
+    async def backup_to(self, dest) -> None:
+        """A server's backups are its own tools' (pg_dump, base backups with WAL archiving)."""
+        raise NotSupported("ethan backup copies a SQLite file; for PostgreSQL use pg_dump "
+                           "(docs/operations.md \"Backups\")")
 
 
 def psycopg_pool_timeout():

@@ -1,4 +1,4 @@
-"""The two private parts of aiosqlite the SQLite backend (memory/db.py) relies on — only here.
+"""The two private parts of aiosqlite the SQLite backend (storage/sqlite.py) relies on — only here.
 
 Why private at all: aiosqlite's public API hops to its connection thread once per statement
 (execute, then fetch, then close the cursor). ``Database.read``/``write`` instead send one
