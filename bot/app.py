@@ -53,6 +53,7 @@ from memory.consolidator import Consolidator
 from storage import Database, is_database_error
 from memory.models import caps
 from memory.withdraw import cancel_pending
+from bot.inflight import InFlight
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.modes import ModeStore
@@ -109,6 +110,7 @@ class EthanApp:
         self.sender = None
         self.names: CachedNames | None = None
         self.long_connection = None
+        self.inflight: InFlight | None = None
         self.parse_pool = None     # bot/parse_pool.py: attachment parsing, off the loop
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -278,13 +280,14 @@ class EthanApp:
                                              budget_tokens=s.ethan_group_context_tokens)
 
             deps.decode = LarkDecoder(self.bot_open_id, CachedChatModes(self.lark_api).is_topic_chat)
+        self.inflight = deps.inflight = InFlight()
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
                                      admit=self._admit,
                                      on_idle=self.replicas.on_idle if self.replicas is not None else None)
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc(),
-                             on_recall=lambda message_id, chat_id: cancel_pending(self.db, message_id, chat_id),
+                             on_recall=self._on_recall,
                              on_tool_click=self.confirmations.click)
         if s.lark_enabled:
             self._spawn(self._resolve_identity(), "identity")
@@ -596,6 +599,12 @@ class EthanApp:
         return RuntimeStats(model_calls=agent.calls if agent else 0,
                             model_failures=agent.failures if agent else 0, started_at=self.started_at,
                             usage=tuple(self.usage.rows()))
+
+    async def _on_recall(self, message_id: str, chat_id: str) -> int:
+        """At intake, before the recall queues behind what it cancels: the answer being
+        written now is stopped (bot/inflight.py), a pending one never starts."""
+        stopped = self.inflight.stop(message_id, chat_id) if self.inflight is not None else False
+        return int(stopped) + await cancel_pending(self.db, message_id, chat_id)
 
     def _make_reply(self, inbound: Inbound, *, resumed: bool = False) -> Reply:
         """The reply for a stored (Lark) message."""

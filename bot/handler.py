@@ -31,6 +31,7 @@ from bot.agent.prompt import with_material
 from bot.attachments import AttachmentError, Fetch, prepare, refusal
 from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
+from bot.inflight import InFlight
 from bot.parse_pool import ParsePool
 from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
@@ -112,6 +113,8 @@ class HandlerDeps:
     quote: "QuoteFetch | None" = None
     # When @-mentioned in a group: the discussion before the message, fenced ("" = none).
     discussion: Callable[[Inbound], Awaitable[str]] | None = None
+    # Answers being written, by message id: a recall stops its own (bot/inflight.py).
+    inflight: "InFlight | None" = None
 
 
 class MessageHandler:
@@ -186,7 +189,11 @@ class MessageHandler:
         reply = d.make_reply(inbound, resumed=item.attempts > 0)
         started = time.monotonic()
         try:
-            await self._answer(inbound, reply, bound)
+            if await self._answer_unless_recalled(inbound, reply, bound):
+                await d.inbox.finish(item.id, "ignored", "recalled")
+                if d.on_ignored is not None:
+                    d.on_ignored("recalled")
+                return
             await d.inbox.finish(item.id, "done")
         except DeliveryError as e:
             # Delivery failed after the transport's retries; its own log line already says why,
@@ -209,6 +216,34 @@ class MessageHandler:
             raise
         if d.on_replied is not None:
             d.on_replied(time.monotonic() - started)
+
+    async def _answer_unless_recalled(self, inbound: Inbound, reply: Reply, bound: Any) -> bool:
+        """Answer in a task a recall can stop (bot/inflight.py). True when it was recalled:
+        what had reached the user is withdrawn; the recall, next in this mailbox, takes the
+        message and what was stored of the answer out of memory."""
+        reg = self.d.inflight
+        if reg is None or not inbound.message_id:
+            await self._answer(inbound, reply, bound)
+            return False
+        task = asyncio.get_running_loop().create_task(self._answer(inbound, reply, bound),
+                                                      name=f"answer:{inbound.message_id}")
+        answer = reg.start(inbound.message_id, inbound.chat_id, reply, task)
+        try:
+            try:
+                await task      # a shutdown cancelling this job cancels the answer too
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if not answer.stopped or (me is not None and me.cancelling()):
+                    raise
+        finally:
+            reg.end(answer)
+        if not answer.stopped:
+            return False
+        withdraw = getattr(reply, "withdraw", None)
+        taken_back = await withdraw() if withdraw is not None else 0
+        bound.info("reply.stopped_by_recall", finished=task.done() and not task.cancelled(),
+                   withdrawn=taken_back)
+        return True
 
     async def _answer(self, inbound: Inbound, reply: Reply, bound: Any) -> None:
         d = self.d

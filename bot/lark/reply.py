@@ -160,6 +160,31 @@ class LarkReply(ReplyBase):
             raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=e.category in GIVE_UP,
                                 code=e.code, category=e.category.value) from e
 
+    @property
+    def finishing(self) -> bool:
+        """The final text is being (or was) handed to Lark (bot/inflight.py: not cancelled then)."""
+        return self._finished
+
+    async def withdraw(self) -> int:
+        """The user recalled the message while this answer was being written: stop streaming
+        and delete what reached the chat (the half-streamed card, any text sent). Returns how
+        many messages were deleted."""
+        self._finished = True
+        self._closing.set()
+        self._wake.set()
+        if self._worker is not None:
+            # It stops at the next step; a card being opened is opened first, then deleted.
+            await asyncio.gather(self._worker, return_exceptions=True)
+        await self._clear_reaction()
+        deleted = 0
+        for mid in self.message_ids:
+            try:
+                await self._sender.api.request("DELETE", f"/open-apis/im/v1/messages/{mid}")
+                deleted += 1
+            except LarkApiError as e:   # already gone, or Lark refuses: the card stays, logged
+                self._log.warning("lark.reply.not_withdrawn", reply_message_id=mid, **e.log_fields())
+        return deleted
+
     async def confirm_tool(self, name: str, args: dict) -> bool:
         """Ask the asker to confirm a side-effecting tool call (a group): a card with run /
         cancel buttons; True only after the asker's click within CONFIRM_WAIT_S."""

@@ -5,6 +5,7 @@ Lark from the Lark fake."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -15,11 +16,11 @@ import aiohttp
 import pytest
 from PIL import Image
 
-from tests.fakes.fake_anthropic import FakeAnthropic, Text
+from tests.fakes.fake_anthropic import Delay, FakeAnthropic, Text
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.harness import ENCRYPT_KEY, VERIFICATION_TOKEN
-from tests.fakes.lark_events import (_envelope, make_card_action_event, make_text_event,
+from tests.fakes.lark_events import (_envelope, make_card_action_event, make_recalled_event, make_text_event,
                                      webhook_request)
 from tests.reliability.support import ServerProcess, post_event, sqlite_rows, wait_until
 
@@ -306,3 +307,57 @@ async def test_a_direct_chat_knows_the_users_name(serve, lark, model):
     assert "you are talking with: Alice]" in _request_text(req)
     await _ask(serve, lark, model, make_text_event("再问一次", **ALICE), n=2)
     assert len(lark.calls_to("/open-apis/contact/v3/users/ou_alice", "GET")) == 1     # cached
+
+
+# -- a recall while Ethan is answering ---------------------------------------------------------
+
+async def _recall(serve, mid: str, chat_id: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, serve.url, make_recalled_event(mid, chat_id=chat_id)) == 200
+    await wait_until(lambda: any(e.get("event") == "message.recalled" and e.get("message_id") == mid
+                                 for e in serve.entries()), 15, "the recall was handled")
+
+
+async def test_a_recall_one_second_into_a_five_second_answer_sends_nothing(serve, lark, model):
+    model.script(Delay(5, Text("收到，你的密码 hunter2 我记下了。")), Text("你好！"))
+    ev = make_text_event("我的密码是 hunter2", **ALICE)
+    mid = ev["event"]["message"]["message_id"]
+    lark.register_inbound(ev)
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, serve.url, ev) == 200
+    await wait_until(lambda: len(model.chat_requests()) >= 1, 10, "the model was asked")
+    await asyncio.sleep(1)
+    lark.recall_message(mid)
+    await _recall(serve, mid, ALICE["chat_id"])
+    # The next message is answered at once, not behind the recalled one's 5 s answer.
+    req = await _ask(serve, lark, model, make_text_event("你好", **ALICE))
+    assert [m.text for m in lark.messages()] == ["你好！"]
+    assert not any(m.reply_to == mid for m in lark.messages())
+    assert "hunter2" not in json.dumps(req.json, ensure_ascii=False)
+    stored = [r["content"] for r in sqlite_rows(serve.db_path, "SELECT content FROM messages")]
+    assert not any("hunter2" in c for c in stored), stored
+    [row] = sqlite_rows(serve.db_path, "SELECT status, note FROM inbox WHERE dedup_key = ?", (f"msg:{mid}",))
+    assert (row["status"], row["note"]) == ("ignored", "recalled")
+    assert [e["withdrawn"] for e in serve.entries() if e.get("event") == "reply.stopped_by_recall"] == [0]
+
+
+async def test_a_recall_mid_stream_deletes_the_half_streamed_card(serve, lark, model):
+    model.stream_chunks, model.stream_delay = 8, 0.7      # ~5 s of deltas: a streaming card
+    model.script(Text("第一段：机密计划的细节。" * 12), Text("好的。"))
+    ev = make_text_event("把机密计划写出来", **ALICE)
+    mid = ev["event"]["message"]["message_id"]
+    lark.register_inbound(ev)
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, serve.url, ev) == 200
+    [card] = await lark.wait_for_messages_async(1, timeout=15)
+    assert card.msg_type == "interactive"
+    lark.recall_message(mid)
+    await _recall(serve, mid, ALICE["chat_id"])
+    assert lark.calls_to(f"/open-apis/im/v1/messages/{card.message_id}", "DELETE")
+    assert [m.message_id for m in lark.messages()] == [card.message_id]    # nothing after it
+    assert lark.message(card.message_id).recalled
+    stored = [r["content"] for r in sqlite_rows(serve.db_path, "SELECT content FROM messages")]
+    assert not any("机密计划" in c for c in stored), stored
+    model.stream_delay = 0
+    await _ask(serve, lark, model, make_text_event("你好", **ALICE), n=2)
+    assert "机密计划" not in json.dumps(model.chat_requests()[-1].json, ensure_ascii=False)
