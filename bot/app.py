@@ -297,7 +297,8 @@ class EthanApp:
                 # Through the proxy: once stopping, a frame is answered 500 (Lark delivers it
                 # again, maybe to another connection) rather than acknowledged unanswered.
                 self.long_connection = LongConnection(app_id=s.lark_app_id, app_secret=s.lark_app_secret,
-                                                      domain=s.lark_domain, intake=self._intake_proxy())
+                                                      domain=s.lark_domain, intake=self._intake_proxy(),
+                                                      retry_max_s=s.ethan_ws_retry_max_s)
                 self.long_connection.start(asyncio.get_running_loop())
         for line in s.model_warnings():
             log.warning("config.model_mismatch", problem=line)

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     lark_encrypt_key: str = ""
     lark_domain: str = "https://open.feishu.cn"
     lark_transport: Literal["ws", "webhook"] = "ws"
+    # The long connection never gives up (bot/lark/ws.py): once Lark's ReconnectCount is used
+    # up, or the credentials are refused, it tries again forever, the pause doubling up to this.
+    ethan_ws_retry_max_s: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
 
     # Models (DESIGN §3): a model is named `model` (on ETHAN_PROVIDER) or `provider:model`
     anthropic_api_key: str = ""

@@ -7,9 +7,11 @@ the real ``lark_oapi.ws.Client`` against the fake long-connection server
   answered through the reply API;
 - a duplicate push gives one reply; a fragmented event (sum/seq) is answered once;
 - the client pings; after the server drops the connection it reconnects (per the server's
-  ClientConfig: count, interval, nonce) and the next event is answered, or gives up as the
-  server says; ``/healthz`` is ready only while connected and says why not (also for an
-  unreachable domain, refused credentials, a discovery that hangs — which blocks nothing);
+  ClientConfig: count, interval, nonce) and the next event is answered; once ReconnectCount is
+  used up, or credentials are refused, it backs off and keeps trying (never gives up); a
+  connection that goes silent (no pong, no frame) is made again by the watchdog; ``/healthz``
+  is ready only while connected and says why not (also for an unreachable domain, refused
+  credentials, a discovery that hangs — which blocks nothing);
 - SIGTERM closes the connection and exits 0 within the deadline, no traceback, even while
   discovery hangs; a second SIGTERM ends a stop that is still waiting;
 - in process: a store failure is answered 500 (Lark redelivers); two connections in one
@@ -225,34 +227,83 @@ async def test_sigterm_while_endpoint_discovery_hangs(server, lark):
     no_tracebacks(srv)
 
 
-async def test_reconnects_as_the_server_config_says_then_gives_up(server, ws):
+async def test_reconnects_as_the_server_config_says_then_backs_off_and_comes_back(server, ws, lark):
+    """Lark's ReconnectCount used up is not the end (issue 32 item 8): the client backs off,
+    discovering the endpoint on every try, /healthz 503 meanwhile, one line per state change."""
     ws.client_config = {"ReconnectCount": 2, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": 2}
-    srv = server()
+    srv = server(ethan_ws_retry_max_s="1")
     await srv.start_ready()
     [up] = events(srv, "ws.connected")
     assert up["reconnect_count"] == 2 and up["ping_interval_s"] == 2     # the server's ClientConfig
     ws.refuse_connections = True
     await asyncio.to_thread(ws.drop)
-    await wait_until(lambda: events(srv, "ws.giving_up"), 20, "the client to give up")
-    assert len(events(srv, "ws.connecting")) == 1 + 2                    # first connect + ReconnectCount
+    await wait_until(lambda: events(srv, "ws.backing_off"), 20, "the client to back off")
+    [off] = events(srv, "ws.backing_off")
+    assert "2 reconnect attempts" in off["cause"] and "503" in off["reason"]
+    discovered = len(ws.discoveries)
+    await wait_until(lambda: len(ws.discoveries) >= discovered + 3, 20, "three more tries while backing off")
     status, body = await healthz(srv)
-    assert status == 503 and body["transport"]["state"] == "gave_up"
-    assert body["reason"].startswith("ws gave_up: ") and "2 reconnect attempts" in body["reason"]
+    assert status == 503 and body["transport"]["state"] == "backing_off"
+    assert body["reason"].startswith("ws backing_off: ") and "503" in body["reason"]
+    assert body["transport"]["attempts"] >= 2 + 3
+    assert len(events(srv, "ws.backing_off")) == 1            # tries failing alike: no more lines
+    ws.refuse_connections = False
+    await wait_health(srv, 200)
+    assert [e["event"] for e in srv.entries() if e.get("event", "").startswith("ws.")
+            and e["event"] not in ("ws.ping_failed",)] == [
+        "ws.connecting", "ws.connected", "ws.disconnected", "ws.disconnected", "ws.backing_off", "ws.connected"]
+    mid = await asyncio.to_thread(ws.push, make_text_event("back again", chat_id="oc_p2p_alice"))
+    assert (await ws.wait_ack_async(mid)).code == 200
+    [reply] = await lark.wait_for_messages_async(1, timeout=20)
+    assert reply.text == "echo: back again"
     code, _ = await srv.terminate()
     assert code == 0
     no_tracebacks(srv)
 
 
-async def test_credentials_refused_by_the_server_give_up_at_once(server, ws):
+async def test_refused_credentials_back_off_until_they_are_accepted(server, ws, lark):
     ws.app_secret = "the-real-secret"                                     # ethan sends another
-    srv = server()
+    srv = server(ethan_ws_retry_max_s="1")
     srv.start()
-    await wait_until(lambda: events(srv, "ws.giving_up"), 30, "the client to give up")
-    [line] = events(srv, "ws.giving_up")
+    await wait_until(lambda: events(srv, "ws.backing_off"), 30, "the client to back off")
+    [line] = events(srv, "ws.backing_off")
     assert "refused by the server" in line["reason"] and "app secret invalid" in line["reason"]
-    assert len(events(srv, "ws.connecting")) == 1
+    await wait_until(lambda: len(ws.discoveries) >= 4, 20, "the endpoint asked again and again")
     status, body = await healthz(srv)
     assert status == 503 and "app secret invalid" in body["reason"]
+    assert body["transport"]["state"] == "backing_off"
+    assert len(events(srv, "ws.backing_off")) == 1 and len(events(srv, "ws.connecting")) == 1
+    ws.app_secret = None                                                  # the operator fixed it
+    body = await wait_health(srv, 200)
+    assert body["transport"]["connects"] == 1
+    mid = await asyncio.to_thread(ws.push, make_text_event("hello at last", chat_id="oc_p2p_alice"))
+    assert (await ws.wait_ack_async(mid)).code == 200
+    [reply] = await lark.wait_for_messages_async(1, timeout=20)
+    assert reply.text == "echo: hello at last"
+    code, _ = await srv.terminate()
+    assert code == 0
+    no_tracebacks(srv)
+
+
+async def test_watchdog_reconnects_a_connection_that_went_silent(server, ws, lark):
+    """No pong and no frame for twice the ping interval (2 s here): the connection is closed
+    and made again, though the socket itself never closed."""
+    srv = server()
+    await srv.start_ready()
+    assert ws.go_silent() == 1
+    silent_at = time.monotonic()
+    await asyncio.to_thread(ws.wait_connections_total, 2, 20)
+    took = time.monotonic() - silent_at
+    assert took < 2 * 2 + 2 + 2, f"reconnected {took:.1f}s after the silence began"   # 2x ping + nonce + slack
+    [first, _] = ws.connections()
+    assert not first.open and first.close_reason.startswith("client closed")
+    [lost] = events(srv, "ws.disconnected")
+    assert lost["reason"].startswith("watchdog: no pong or frame for ")
+    await wait_health(srv, 200)
+    mid = await asyncio.to_thread(ws.push, make_text_event("after the silence", chat_id="oc_p2p_alice"))
+    assert (await ws.wait_ack_async(mid)).code == 200
+    [reply] = await lark.wait_for_messages_async(1, timeout=20)
+    assert reply.text == "echo: after the silence"
     code, _ = await srv.terminate()
     assert code == 0
     no_tracebacks(srv)

@@ -16,8 +16,18 @@ Two halves, as in Lark:
 
 Knobs: ``client_config`` (what discovery and pongs announce), ``refuse_connections``
 (handshake answered 503 — the endpoint still answers), :meth:`drop` (close every connection
-from the server side, cleanly or by resetting the socket), ``app_id``/``app_secret`` (when set,
-discovery with other credentials gets a client error: the SDK does not retry those).
+from the server side, cleanly or by resetting the socket), :meth:`go_silent` (the open
+connections stay open but get no pong and no frame any more, as a half-open TCP connection or a
+stuck gateway: only a watchdog notices), ``app_id``/``app_secret`` (when set, discovery with
+other credentials gets a client error: the SDK does not retry those; set them back to ``None``
+to accept again).
+
+A response frame's ``data`` (base64 of JSON: a card click's ``{"toast", "card"}``, as the SDK
+writes it) is decoded into :attr:`Ack.data`.
+
+Card clicks (``card.action.trigger``) arrive in ``type=event`` frames on the real long
+connection, like any event: :meth:`push` sends them so by default (``msg_type="card"`` is the
+SDK's other data type, which lark-oapi's own client drops).
 
 Several connections may be open at once (several processes of one app): :meth:`push` sends
 each event to one of them, like Lark.
@@ -32,6 +42,7 @@ each event to one of them, like Lark.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import threading
@@ -60,6 +71,7 @@ class Ack:
     headers: dict[str, str]
     connection: int
     at: float = field(default_factory=time.monotonic)
+    data: dict | None = None  # the decoded ``data`` of the response (a card click's toast and card)
 
 
 @dataclass
@@ -71,6 +83,7 @@ class WsConnection:
     closed_at: float | None = None
     pings: int = 0
     close_reason: str = ""
+    silent: bool = False      # go_silent(): pings unanswered, nothing pushed
 
     @property
     def open(self) -> bool:
@@ -194,6 +207,15 @@ class FakeLarkWs(ThreadedAiohttpServer):
         return asyncio.run_coroutine_threadsafe(
             self._push(payload, fragments, mid, connection, msg_type), self._loop)
 
+    def go_silent(self) -> int:
+        """The open connections stay open, but nothing answers their pings any more (and
+        nothing is pushed to them); connections made afterwards behave. Returns how many."""
+        with self._lock:
+            conns = [c for c in self._conns if c.open]
+            for c in conns:
+                c.silent = True
+        return len(conns)
+
     def drop(self, *, mode: str = "close", timeout: float = 5.0) -> int:
         """Drop every open connection: ``close`` (a close frame, 1001 going away) or
         ``reset`` (the socket aborted, no close frame). Returns how many were dropped."""
@@ -236,19 +258,25 @@ class FakeLarkWs(ThreadedAiohttpServer):
         if frame.method == CONTROL and headers.get("type") == "ping":
             with self._lock:
                 conn.pings += 1
+            if conn.silent:
+                return
             pong = self._frame(CONTROL, {"type": "pong"}, json.dumps(self.client_config).encode()
                                if self.pong_config else b"")
             asyncio.get_running_loop().create_task(self._send(conn, pong))
             return
         if frame.method == DATA:
             mid = headers.get("message_id", "")
+            code, data = None, None
             try:
-                code = json.loads(frame.payload or b"{}").get("code")
+                resp = json.loads(frame.payload or b"{}")
+                code = resp.get("code")
+                if resp.get("data"):
+                    data = json.loads(base64.b64decode(resp["data"]))
             except ValueError:
-                code = None
+                pass
             with self._changed:
                 sent = self._sent.get(mid, now)
-                self._acks.append(Ack(mid, code, now - sent, headers, conn.id, now))
+                self._acks.append(Ack(mid, code, now - sent, headers, conn.id, now, data))
                 self._changed.notify_all()
 
     @staticmethod
@@ -272,7 +300,7 @@ class FakeLarkWs(ThreadedAiohttpServer):
     def _pick(self, connection: WsConnection | None) -> WsConnection:
         if connection is not None:
             return connection
-        open_ = self.connections(open_only=True)
+        open_ = [c for c in self.connections(open_only=True) if not c.silent]
         if not open_:
             raise RuntimeError("fake ws: no open connection to push to")
         return open_[next(self._rr) % len(open_)]
