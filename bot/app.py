@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import json
 import os
 import threading
 import time
@@ -35,7 +34,7 @@ from bot.inbound import Inbound
 from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
-from bot.lark.normalize import LarkDecoder
+from bot.lark.lifecycle import LarkDecoder, decoded as lark_decoded
 from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
 from bot.text import is_chinese
@@ -253,11 +252,13 @@ class EthanApp:
         # Group speakers' names: looked up in Lark when connected (the console names its own).
         self.names = deps.names = CachedNames(self.lark_api)
         # Lark beyond text: the registry's other events, and attachments (issue 20).
-        from bot.lark.lifecycle import LarkEventDeps, LarkEvents
+        # The adapter translates (bot/lark/events.py, lifecycle.py), the core decides (bot/lifecycle.py).
+        from bot.lark.lifecycle import LarkActions
+        from bot.lifecycle import Lifecycle, LifecycleDeps
 
-        deps.events = LarkEvents(LarkEventDeps(
-            inbox=self.inbox, db=self.db, sender=self.sender, api=self.lark_api,
-            run_command=self.commands.run, bot_open_id=self.bot_open_id,
+        deps.events = Lifecycle(LifecycleDeps(
+            db=self.db, finish=self.inbox.finish, run_command=self.commands.run,
+            actions=LarkActions(self.sender, self.lark_api) if self.sender is not None else None,
             recall_replies=s.ethan_recall_replies))
         if self.lark_api is not None:
             from bot.lark.resources import LarkFetcher
@@ -490,8 +491,9 @@ class EthanApp:
         try:
             if item.message_id and self.sender is not None:
                 try:
-                    thread = bool(json.loads(item.payload)["event"]["message"].get("thread_id"))
-                except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                    ev = lark_decoded(item)      # the intake's decoded event (no second parse)
+                    thread = ev is not None and ev.in_thread
+                except (ValueError, RecursionError):
                     thread = False
                 await self.sender.reply(item.message_id, "text", {"text": text}, uuid=f"r-{item.message_id}-{tag}",
                                         chat_id=item.chat_id, in_thread=thread)

@@ -4,7 +4,9 @@ Two kinds of job reach it, both inside the conversation's mailbox (bot/dispatch.
 conversation's messages are handled in order:
 
 * an ``InboxItem`` — a Lark event acknowledged after it was stored. The transport's
-  ``decode`` turns the stored payload into the neutral ``Inbound``. The inbox row is marked
+  ``decode`` turns it, once, into a neutral event: a message's ``Inbound``, answered here, or
+  a chat's lifecycle event (a recall, a join, a card click), which ``events`` — the core's
+  decisions, bot/lifecycle.py — handles by its table. The inbox row is marked
   done only after the reply was handed to the transport; a crash before that leaves it
   pending, to be answered on the next start (with the same uuids, so Lark never shows a
   reply twice).
@@ -29,6 +31,7 @@ from dataclasses import replace
 from bot.agent.agent import Agent, UserTurn
 from bot.agent.prompt import with_material
 from bot.attachments import AttachmentError, Fetch, prepare, refusal
+from bot.lifecycle import Lifecycle
 from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
 from bot.inflight import InFlight
@@ -88,9 +91,9 @@ class HandlerDeps:
     inbox: Inbox
     agent: Agent
     commands: CommandRunner
-    # The transport's adapter for stored items: payload -> Inbound; NotAMessage (ignored) or
-    # ValueError (unparseable) otherwise.
-    decode: Callable[[str], Awaitable[Inbound]]
+    # The transport's adapter for stored items: item -> Inbound (a message) or a bot/lifecycle.py
+    # event; NotAMessage (ignored) or ValueError (unparseable) otherwise.
+    decode: Callable[[InboxItem], Awaitable[Any]]
     make_reply: Callable[..., Reply]   # (inbound, *, resumed: an earlier run started it)
     bot_open_id: Callable[[], Awaitable[str]]   # waits until the bot's identity is known
     is_admin: Callable[[str], bool]
@@ -101,9 +104,9 @@ class HandlerDeps:
     # An answer Lark did not take for a reason that may pass: hand the item back to be tried
     # again later in this process (returns the delay in s, or None when it will not be).
     retry_later: Callable[[InboxItem], float | None] | None = None
-    # The transport's events that are not new messages (Lark: recall, join, card clicks; the
-    # registry in bot/lark/events.py): True when it handled (and finished) the item.
-    events: Callable[[InboxItem], Awaitable[bool]] | None = None
+    # What happens with the events that are not new messages (a recall, a join, a card click:
+    # bot/lifecycle.py decides and finishes the item), and which chats are no longer answered.
+    events: "Lifecycle | None" = None
     # Fetches a message's attachments (bot/attachments.py); None: they are answered politely.
     fetch: "Fetch | None" = None
     # Where attachments are parsed (bot/parse_pool.py): worker processes, never this loop.
@@ -168,16 +171,23 @@ class MessageHandler:
                 # Another replica holds it or has finished it: that replica answers (or did).
                 bound.info("event.not_claimed", inbox_id=item.id, why=why)
             return
-        if d.events is not None and await d.events(item):
-            return
         try:
-            inbound = await d.decode(item.payload)
+            inbound = await d.decode(item)      # the one decode of this event
         except NotAMessage as e:
             await self._ignore(item, str(e), bound)
             return
         except (ValueError, RecursionError) as e:   # pydantic's ValidationError included
             bound.warning("event.unparseable", error=str(e)[:300])
             await d.inbox.finish(item.id, "failed", "unparseable event")
+            return
+        if not isinstance(inbound, Inbound):
+            if d.events is None:
+                await self._ignore(item, "unhandled event type", bound)
+            else:
+                await d.events.handle(item, inbound)
+            return
+        if d.events is not None and await d.events.chat_left(inbound.chat_id):
+            await d.inbox.finish(item.id, "ignored", "bot removed from the chat")
             return
         bot_id = await d.bot_open_id()
 

@@ -23,7 +23,8 @@ import os
 import socket
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from storage import Database
 
@@ -55,6 +56,9 @@ class InboxItem:
     # The accepting replica got the conversation's lease with the row (a shared database):
     # it works the row; False, another replica holds the conversation and picks the row up.
     held: bool = False
+    # The transport's decoded event when this process decoded it already (the intake: Lark's
+    # bot/lark/events.py LarkEvent), so it is not parsed again; never stored (the payload is).
+    event: Any = field(default=None, compare=False, repr=False)
 
 
 class Inbox:

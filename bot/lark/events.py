@@ -1,15 +1,25 @@
-"""Lark event wire models and the event registry, parsed once at the edge (schema 2.0).
+"""Lark event wire models and the event registry: an event is decoded once (schema 2.0).
 
-Everything inside the bot works on the frozen ``Inbound`` dataclass built from these.
+``decode(body)`` parses and validates an event (pydantic, at the edge) into a frozen
+``LarkEvent``: its registry spec, header and typed body. The intake decodes what Lark sends and
+hands the decoded event on with the inbox row (``InboxItem.event``); a row read back from the
+database (after a restart, from another replica) is decoded once when it is handled. Nothing
+parses the payload again: the handler's decoder (bot/lark/lifecycle.py) translates the
+decoded event into the neutral one the core works on — ``Inbound`` for a message (``spec.event``
+says which), a bot/lifecycle.py event otherwise — with the spec's ``translate``.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from bot import lifecycle as core
+from bot.inbound import Inbound
+from bot.lark.normalize import epoch_seconds, message_inbound
 from memory.scope import conversation_key
 
 
@@ -145,14 +155,39 @@ class Routing:
 
 @dataclass(frozen=True, slots=True)
 class EventSpec:
+    """One row of the registry: how an event type is parsed (``model``), where it goes
+    (``route``) and what it becomes inside (``translate`` → an ``event``: the neutral type the
+    core's handler table, bot/lifecycle.py ``HANDLERS``, or the handler's message path takes)."""
+
     event_type: str
     model: type[_Wire]
     route: Callable[[Any, Header], Routing]
-    kind: str                    # message | recall | joined | left | p2p_entered | card_action
+    event: type                  # Inbound | a bot.lifecycle event
+    translate: Callable[..., Any]   # (body, header, bot_open_id) -> event
+
+
+@dataclass(frozen=True, slots=True)
+class LarkEvent:
+    """One Lark event, decoded: the spec of its type, its header and its validated body."""
+
+    spec: EventSpec
+    header: Header
+    body: Any                    # the spec's model, frozen
+
+    @property
+    def is_message(self) -> bool:
+        return self.spec.event is Inbound
+
+    @property
+    def in_thread(self) -> bool:
+        """A message posted in a thread (its answers go there too)."""
+        return self.is_message and bool(self.body.message.thread_id)
+
+    def translate(self, bot_open_id: str = "") -> Any:
+        return self.spec.translate(self.body, self.header, bot_open_id)
 
 
 def _ms(value: str | None) -> float:
-    from bot.lark.normalize import epoch_seconds
     return epoch_seconds(value)
 
 
@@ -182,23 +217,66 @@ def _route_card(ev: CardActionEvent, h: Header) -> Routing:
                    _ms(h.create_time))
 
 
+# -- translation: Lark's body → the neutral event (the adapter translates, the core decides) --
+
+def _message(ev: MessageEvent, h: Header, bot_open_id: str) -> Inbound:
+    return message_inbound(h, ev, bot_open_id=bot_open_id)
+
+
+def _recalled(ev: RecalledEvent, h: Header, _bot: str) -> core.Recalled:
+    return core.Recalled(message_id=ev.message_id, chat_id=ev.chat_id)
+
+
+def _added(ev: ChatMemberBotEvent, h: Header, _bot: str) -> core.BotAdded:
+    return core.BotAdded(chat_id=ev.chat_id, operator_id=ev.operator_id.open_id, name=ev.name)
+
+
+def _removed(ev: ChatMemberBotEvent, h: Header, _bot: str) -> core.BotRemoved:
+    return core.BotRemoved(chat_id=ev.chat_id, operator_id=ev.operator_id.open_id)
+
+
+def _p2p(ev: P2pEnteredEvent, h: Header, _bot: str) -> core.P2pOpened:
+    return core.P2pOpened(chat_id=ev.chat_id, operator_id=ev.operator_id.open_id)
+
+
+def _clicked(ev: CardActionEvent, h: Header, _bot: str) -> core.ButtonClicked:
+    # Ethan's confirm card carries {"ethan": confirm|cancel, "user": asker, "cmd": …, "chat_type": …}
+    # (bot/lark/cards.py); any other value is a button the core does not decide.
+    value = ev.action.value or {}
+    return core.ButtonClicked(
+        card_message_id=ev.context.open_message_id, chat_id=ev.context.open_chat_id,
+        clicker=ev.operator.open_id, button=str(value.get("ethan") or ""),
+        asked_by=str(value.get("user") or ""), command=str(value.get("cmd") or ""),
+        chat_type=str(value.get("chat_type") or "p2p"))
+
+
 REGISTRY: dict[str, EventSpec] = {s.event_type: s for s in (
-    EventSpec(MESSAGE_RECEIVE, MessageEvent, _route_message, "message"),
-    EventSpec(MESSAGE_RECALLED, RecalledEvent, _route_recall, "recall"),
-    EventSpec(BOT_ADDED, ChatMemberBotEvent, _route_chat, "joined"),
-    EventSpec(BOT_DELETED, ChatMemberBotEvent, _route_chat, "left"),
-    EventSpec(CHAT_DISBANDED, ChatMemberBotEvent, _route_chat, "left"),
-    EventSpec(P2P_ENTERED, P2pEnteredEvent, _route_chat, "p2p_entered"),
-    EventSpec(CARD_ACTION, CardActionEvent, _route_card, "card_action"),
+    EventSpec(MESSAGE_RECEIVE, MessageEvent, _route_message, Inbound, _message),
+    EventSpec(MESSAGE_RECALLED, RecalledEvent, _route_recall, core.Recalled, _recalled),
+    EventSpec(BOT_ADDED, ChatMemberBotEvent, _route_chat, core.BotAdded, _added),
+    EventSpec(BOT_DELETED, ChatMemberBotEvent, _route_chat, core.BotRemoved, _removed),
+    EventSpec(CHAT_DISBANDED, ChatMemberBotEvent, _route_chat, core.BotRemoved, _removed),
+    EventSpec(P2P_ENTERED, P2pEnteredEvent, _route_chat, core.P2pOpened, _p2p),
+    EventSpec(CARD_ACTION, CardActionEvent, _route_card, core.ButtonClicked, _clicked),
 )}
-"""The one table of events Ethan handles (DESIGN.md §5): intake parses and routes with it,
-the handler dispatches with it. A type not in it is acknowledged and ignored."""
+"""The one table of events Ethan handles (DESIGN.md §5): intake decodes and routes with it, the
+handler's decoder translates with it, and the core's ``HANDLERS`` handles each ``event`` type
+(tests/bot/test_event_routing.py). A type not in it is acknowledged and ignored."""
 
 
-def parse(env: Envelope) -> tuple[EventSpec, Any] | None:
-    """The event's spec and parsed body; None for a type not in the registry. Raises
-    pydantic's ValidationError when the body does not fit the type's model."""
+def decode(body: dict | str) -> LarkEvent | None:
+    """The event decoded once: ``body`` is the verified JSON (a dict) or the stored payload (a
+    str, parsed here with stdlib json: pydantic's parser stops at depth 200, an event intake
+    took). None for a type not in the registry. Raises ``ValueError`` (pydantic's
+    ``ValidationError`` is one) or ``RecursionError`` for an event that does not fit."""
+    if isinstance(body, str):
+        body = json.loads(body)
+    return decode_envelope(Envelope.model_validate(body))
+
+
+def decode_envelope(env: Envelope) -> LarkEvent | None:
+    """``decode`` past the envelope (the intake logs a body that does not fit with its ids)."""
     spec = REGISTRY.get(env.header.event_type)
     if spec is None:
         return None
-    return spec, spec.model.model_validate(env.event)
+    return LarkEvent(spec, env.header, spec.model.model_validate(env.event))

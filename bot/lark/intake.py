@@ -1,11 +1,13 @@
-"""Acknowledge-after-store: a verified event is parsed once, committed to the inbox, and
-only then handed to the dispatcher. Shared by the webhook route and the long connection.
+"""Acknowledge-after-store: a verified event is decoded once (bot/lark/events.py), committed to
+the inbox, and only then handed to the dispatcher with its decoded event (``InboxItem.event``:
+the handler does not parse it again). Shared by the webhook route and the long connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -106,18 +108,18 @@ class Intake:
             return IntakeResult("invalid", "not a schema 2.0 event")
         bound = log.bind(event_id=env.header.event_id, event_type=env.header.event_type)
         try:
-            parsed = events.parse(env)
+            decoded = events.decode_envelope(env)
         except ValidationError as e:
             bound.warning("event.invalid", error=str(e)[:200])
             return IntakeResult("invalid", "event body does not fit its type")
-        if parsed is None:
+        if decoded is None:
             bound.info("event.ignored", reason="unhandled event type")
             return IntakeResult("ignored", "unhandled event type")
-        spec, ev = parsed
+        spec, ev = decoded.spec, decoded.body
         r = spec.route(ev, env.header)
         create_time = r.create_time or self.clock()
         # Only messages go stale: a recall or a click is about something already stored.
-        stale = spec.kind == "message" and self.clock() - create_time > STALE_SECONDS
+        stale = decoded.is_message and self.clock() - create_time > STALE_SECONDS
         item = await self.inbox.accept(
             event_id=env.header.event_id, message_id=r.message_id, chat_id=r.chat_id,
             conv_key=r.conv_key, create_time=create_time, payload=raw,
@@ -132,7 +134,7 @@ class Intake:
         if stale:
             bound.info("event.ignored", reason="older than 30 minutes")
             return IntakeResult("ignored", "stale")
-        if spec.kind == "card_action" and self.on_tool_click is not None:
+        if spec.event_type == events.CARD_ACTION and self.on_tool_click is not None:
             value = ev.action.value or {}
             if value.get("ethan") in ("tool_confirm", "tool_cancel"):
                 clicker = ev.operator.open_id
@@ -140,9 +142,10 @@ class Intake:
                                              value.get("ethan") == "tool_confirm")
                 bound.info("tool.confirm_click", outcome=outcome, user_id=clicker,
                            asked_by=str(value.get("user", "")))
-        if spec.kind == "recall" and self.on_recall is not None and r.message_id:
+        if spec.event_type == events.MESSAGE_RECALLED and self.on_recall is not None and r.message_id:
             if await self.on_recall(r.message_id, r.chat_id):
                 bound.info("event.recall_cancelled_reply")
+        item = dataclasses.replace(item, event=decoded)    # decoded once: the handler takes it as is
         if self.inbox.conversations and not item.held:
             # Replicas: another replica works this conversation and answers the row in order.
             bound.info("event.accepted", conversation="held by another replica")

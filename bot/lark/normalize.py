@@ -1,5 +1,6 @@
-"""From a verified Lark event to the neutral, frozen ``Inbound`` (bot/inbound.py) the rest of
-the bot uses: this adapter translates only.
+"""From a decoded Lark message (bot/lark/events.py) to the neutral, frozen ``Inbound``
+(bot/inbound.py) the rest of the bot uses: this adapter translates only. It imports nothing of
+the event registry (which calls it), so the two make no import cycle.
 
 Text is read from ``text`` and ``post`` messages; the bot's own @-placeholder is
 stripped (so commands parse), other ``@_user_N`` placeholders become ``@Name``.
@@ -10,11 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
-from typing import Any, Awaitable, Callable
+from typing import Any
 
-from bot.inbound import LARK, MAX_TEXT_CHARS, Attachment, Inbound, Mention, NotAMessage
-from bot.lark.events import MESSAGE_RECEIVE, Envelope, MessageEvent
+from bot.inbound import LARK, MAX_TEXT_CHARS, Attachment, Inbound, Mention
 from bot.text import SURROGATE, clean_text
 
 READABLE_TYPES = frozenset({"text", "post"})
@@ -22,34 +21,9 @@ READABLE_TYPES = frozenset({"text", "post"})
 MentionRef = Mention      # Lark's mention, in the neutral shape
 
 
-class LarkDecoder:
-    """The handler's ``decode`` for Lark: an inbox item's stored event → ``Inbound``.
-
-    Raises ``NotAMessage`` for events that are not messages, ``ValueError`` (pydantic's
-    ``ValidationError`` is one) or ``RecursionError`` for a payload that does not parse."""
-
-    def __init__(self, bot_open_id: Callable[[], Awaitable[str]],
-                 is_topic_chat: Callable[[str], Awaitable[bool]] | None = None) -> None:
-        self.bot_open_id = bot_open_id
-        self.is_topic_chat = is_topic_chat     # bot/lark/chats.py; None: no topic groups known
-
-    async def __call__(self, payload: str) -> Inbound:
-        # stdlib json, as at intake: pydantic's parser stops at depth 200 (an event intake took)
-        envelope = Envelope.model_validate(json.loads(payload))
-        if envelope.header.event_type != MESSAGE_RECEIVE:
-            raise NotAMessage("unhandled event type")
-        inbound = parse_event(envelope, bot_open_id=await self.bot_open_id())
-        if (not inbound.thread_id and inbound.chat_type == "group"
-                and self.is_topic_chat is not None and await self.is_topic_chat(inbound.chat_id)):
-            # A topic-mode group names a topic by its first message (a reply's root_id, or the
-            # message itself when it starts one), no thread_id: the topic is the conversation
-            # (and the memory session), as a thread is.
-            inbound = replace(inbound, thread_id=inbound.root_id or inbound.message_id)
-        return inbound
-
-
-def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
-    ev = MessageEvent.model_validate(envelope.event)
+def message_inbound(header: Any, ev: Any, *, bot_open_id: str) -> Inbound:
+    """A decoded ``im.message.receive_v1`` (its ``Header`` and ``MessageEvent``, bot/lark/events.py)
+    as the neutral ``Inbound``; the message's own ``content`` JSON is read here, with limits."""
     msg = ev.message
     mentions = tuple(
         MentionRef(m.key, m.id.open_id, m.name,
@@ -85,7 +59,7 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
         text = text[:MAX_TEXT_CHARS]
     return Inbound(
         transport=LARK,
-        event_id=envelope.header.event_id,
+        event_id=header.event_id,
         message_id=msg.message_id,
         chat_id=msg.chat_id,
         chat_type=msg.chat_type or "p2p",
@@ -100,7 +74,7 @@ def parse_event(envelope: Envelope, *, bot_open_id: str) -> Inbound:
         mentions=mentions,
         mentions_bot=mentions_bot,
         mentions_all=mentions_all,
-        create_time=epoch_seconds(msg.create_time or envelope.header.create_time),
+        create_time=epoch_seconds(msg.create_time or header.create_time),
         content_error=error,
         attachments=attachments,
     )
