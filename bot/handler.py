@@ -249,8 +249,7 @@ class MessageHandler:
             reg.end(answer)
         if not answer.stopped:
             return False
-        withdraw = getattr(reply, "withdraw", None)
-        taken_back = await withdraw() if withdraw is not None else 0
+        taken_back = await reply.withdraw() if Capability.WITHDRAW in reply.capabilities else 0
         bound.info("reply.stopped_by_recall", finished=task.done() and not task.cancelled(),
                    withdrawn=taken_back)
         return True

@@ -44,6 +44,8 @@ class Capability(enum.Enum):
     CONFIRM_COMMAND = "ask_confirm"     # await ask_confirm(text, command=, user_id=, chat_type=): buttons (Lark)
     FAILURE_STATUS = "note_failure"     # note_failure(kind): the interface answers a model failure
                                         # with its own status (/chat's 503), not only the apology
+    WITHDRAW = "withdraw"               # await withdraw() -> int: a recalled message's half answer
+                                        # taken back from the chat (Lark: the streaming card deleted)
 
 
 class Reply(Protocol):
@@ -69,6 +71,7 @@ class Reply(Protocol):
     async def confirm_tool(self, name: str, args: dict) -> bool: ...
     async def ask_confirm(self, text: str, *, command: str, user_id: str, chat_type: str) -> None: ...
     def note_failure(self, kind: str) -> None: ...
+    async def withdraw(self) -> int: ...
 
 
 class ReplyBase:
@@ -96,6 +99,9 @@ class ReplyBase:
 
     def note_failure(self, kind: str) -> None:
         return None
+
+    async def withdraw(self) -> int:
+        return 0        # nothing reached anyone to take back
 
 
 class CollectingReply(ReplyBase):
