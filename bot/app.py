@@ -32,7 +32,6 @@ from bot.dispatch import Dispatcher
 from bot.handler import DirectJob, HandlerDeps, MessageHandler
 from bot.inbound import Inbound
 from memory.inbox import STALE_SECONDS, Inbox, InboxItem
-from bot.lark.card_clicks import CardClicks
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
 from bot.lark.lifecycle import LarkDecoder, decoded as lark_decoded
@@ -45,7 +44,6 @@ from bot.tools.lark_docs import LarkDocs
 from bot.tools.mcp import McpServers
 from bot.tools.registry import ToolRegistry
 from bot.metrics import Metrics
-from memory import chat_events
 from memory.outbox import Outbox
 from bot.replicas import Replicas
 from bot.reply import Reply
@@ -112,6 +110,7 @@ class EthanApp:
         self.names: CachedNames | None = None
         self.long_connection = None
         self.inflight: InFlight | None = None
+        self.stt = None            # bot/stt.py: voice messages' speech to text (ETHAN_STT_MODEL)
         self.parse_pool = None     # bot/parse_pool.py: attachment parsing, off the loop
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -261,7 +260,7 @@ class EthanApp:
         deps.events = Lifecycle(LifecycleDeps(
             db=self.db, finish=self.inbox.finish, run_command=self.commands.run,
             actions=LarkActions(self.sender, self.lark_api) if self.sender is not None else None,
-            recall_replies=s.ethan_recall_replies, confirm_ttl_s=s.ethan_confirm_card_minutes * 60))
+            recall_replies=s.ethan_recall_replies))
         if self.lark_api is not None:
             from bot.lark.resources import LarkFetcher
 
@@ -283,6 +282,9 @@ class EthanApp:
                                              budget_tokens=s.ethan_group_context_tokens)
 
             deps.decode = LarkDecoder(self.bot_open_id, CachedChatModes(self.lark_api).is_topic_chat)
+        from bot.stt import from_settings as speech_to_text
+
+        self.stt = deps.stt = speech_to_text(s)
         self.inflight = deps.inflight = InFlight()
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
@@ -291,8 +293,7 @@ class EthanApp:
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc(),
                              on_recall=self._on_recall,
-                             on_tool_click=self.confirmations.click,
-                             on_card_click=CardClicks(self.db, ttl_s=s.ethan_confirm_card_minutes * 60).decide)
+                             on_tool_click=self.confirmations.click)
         if s.lark_enabled:
             self._spawn(self._resolve_identity(), "identity")
             if s.lark_transport == "ws":
@@ -627,7 +628,6 @@ class EthanApp:
         if self.settings.ethan_recall_replies and self.outbox is not None:
             reply.record_sent = self.outbox.text_sent
         reply.tool_confirmations, reply.asker = self.confirmations, inbound.sender_id
-        reply.record_confirm_card = lambda mid, user: chat_events.confirm_card_sent(self.db, mid, user)
         return reply
 
     # -- stop ------------------------------------------------------------------------
@@ -676,6 +676,9 @@ class EthanApp:
             await self.lark_api.aclose()
         if self.models is not None:
             await self.models.aclose()
+        if self.stt is not None:
+            with contextlib.suppress(Exception):
+                await self.stt.aclose()
         if self.db is not None:
             await self.db.close()
         log.info("app.stopped", cancelled_conversations=cancelled,

@@ -19,9 +19,11 @@ from typing import Awaitable, Callable
 from bot import readers
 from bot.inbound import Attachment, Inbound, Material
 from bot.parse_pool import ParseFailed, ParsePool
+from bot.stt import SpeechError, Transcriber
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024     # Lark's own cap on an image message
 MAX_FILE_BYTES = 20 * 1024 * 1024      # past this a file's text is rarely what was meant
+MAX_AUDIO_BYTES = 25 * 1024 * 1024     # OpenAI's transcription upload limit (Groq's too)
 MAX_FILE_CHARS = readers.MAX_FILE_CHARS   # of one file's text into one turn (~10k tokens)
 MAX_IMAGES = 4                         # per message (a post can carry many)
 # Anthropic's guidance: images past ~1.15 megapixels / 1568 px are downscaled by the API anyway
@@ -61,16 +63,28 @@ REASONS = {
                         "That image has too many pixels for me (limit 40 megapixels). Could you send a smaller one?"),
     "unsupported": ("抱歉，我还读不了 {ext} 文件。目前支持：文本、Markdown、PDF、Word(docx)、PowerPoint(pptx)、Excel(xlsx)。",
                     "Sorry, I can't read {ext} files yet. I can read text, Markdown, PDF, Word (docx), PowerPoint (pptx) and Excel (xlsx)."),
+    "too_long": ("这条语音太长了（上限 {limit}），我听不了。可以分成几条短一点的吗？",
+                 "That voice message is too long for me (limit {limit_en}). Could you send shorter ones?"),
+    "no_speech": ("这条语音里我没听出说了什么，可以再说一次或者打字告诉我吗？",
+                  "I couldn't make out any words in that voice message — could you say it again or type it?"),
+    "stt_unreachable": ("抱歉，语音识别服务暂时不可用，稍后再发一次试试，或者打字告诉我？",
+                        "Sorry, speech recognition is unavailable just now — try again later, or type it?"),
+    "stt_refused": ("抱歉，语音识别服务没有接受这条语音，可以打字告诉我吗？",
+                    "Sorry, the speech recognition service did not accept that voice message — could you type it?"),
     "no_text": ("这个文件里没有我能读出的文字（可能是扫描件）。", "I found no text in that file (a scan, perhaps)."),
 }
-_WHAT = {"image": ("图片", "image"), "file": ("文件", "file"), "forward": ("合并转发的消息", "forwarded bundle")}
+_WHAT = {"image": ("图片", "image"), "file": ("文件", "file"), "forward": ("合并转发的消息", "forwarded bundle"),
+         "audio": ("语音", "voice message")}
+_CAPS = {"image": MAX_IMAGE_BYTES, "audio": MAX_AUDIO_BYTES}
 
 
-def refusal(reason: str, kind: str, *, chinese: bool = True, ext: str = "") -> str:
+def refusal(reason: str, kind: str, *, chinese: bool = True, ext: str = "", limit_s: float = 0) -> str:
     zh, en = REASONS.get(reason, REASONS["unreadable"])
     what, what_en = _WHAT.get(kind, ("文件", "file"))
-    cap = _mb(MAX_IMAGE_BYTES if kind == "image" else MAX_FILE_BYTES)
-    return (zh if chinese else en).format(what=what, what_en=what_en, cap=cap, ext=ext or "this kind of")
+    cap = _mb(_CAPS.get(kind, MAX_FILE_BYTES))
+    minutes = f"{limit_s / 60:g}"
+    return (zh if chinese else en).format(what=what, what_en=what_en, cap=cap, ext=ext or "this kind of",
+                                          limit=f"{minutes} 分钟", limit_en=f"{minutes} min")
 
 
 def _mb(n: int) -> str:
@@ -99,9 +113,12 @@ class Prepared:
     cut: bool = False
     image_bytes: int = 0
     skipped: list = field(default_factory=list)   # AttachmentErrors of a post's images (logged)
+    transcript: str = ""      # a voice message's words: answered as if typed, shown in the reply
+    audio_seconds: float = 0.0
 
 
-async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePool) -> Prepared:
+async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePool,
+                  stt: "Transcriber | None" = None) -> Prepared:
     """Fetch and read every attachment; raises AttachmentError on the first that fails (the
     message is answered with the reason and nothing of it is stored). The bytes are read in
     ``pool``'s worker processes (bot/parse_pool.py): nothing untrusted is parsed on the loop,
@@ -162,11 +179,41 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePo
                 budget -= len(m.text)
                 out.material.append(m)
             parts.append(f"[合并转发 forwarded messages — {len(got.material)} 条 / messages]")
+        elif att.kind == "audio" and stt is not None:     # without: the polite answer, as before
+            await _transcribe(inbound, att, fetch, pool, stt, out)
     out.text = "\n\n".join(parts)
     return out
 
 
 _ext = readers.ext_of
+
+
+async def _transcribe(inbound: Inbound, att: Attachment, fetch: Fetch, pool: ParsePool,
+                      stt: "Transcriber", out: Prepared) -> None:
+    """A voice message's words, or AttachmentError (too long, undecodable, no words, the STT
+    server down): the user hears why, nothing is stored. The declared duration is checked
+    before the download, the measured one (parse worker) before the upload."""
+    limit = stt.max_seconds
+    if att.seconds > limit:
+        raise AttachmentError("too_long", f"{att.seconds:g} s declared", kind="audio", limit_s=limit)
+    if att.size and att.size > MAX_AUDIO_BYTES:
+        raise AttachmentError("too_large", f"{att.size} bytes", kind="audio")
+    got = await fetch(inbound, att)
+    if len(got.data) > MAX_AUDIO_BYTES:
+        raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="audio")
+    info = await _read(pool, "audio", got.data, kind="audio")
+    seconds = max(float(info["seconds"]), att.seconds)
+    if seconds > limit:
+        raise AttachmentError("too_long", f"{seconds:.1f} s", kind="audio", limit_s=limit)
+    try:
+        text = await stt.transcribe(got.data, filename=f"voice.{info['ext']}", media_type=info["media_type"])
+    except SpeechError as e:
+        raise AttachmentError(f"stt_{e.reason}", e.detail, kind="audio", status=e.status) from None
+    text = text.strip()
+    if not text:
+        raise AttachmentError("no_speech", f"{seconds:.1f} s", kind="audio")
+    out.transcript = text
+    out.audio_seconds = seconds
 
 
 # -- reading: in the parse pool --------------------------------------------------------------

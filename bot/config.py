@@ -58,9 +58,6 @@ class Settings(BaseSettings):
     # The long connection never gives up (bot/lark/ws.py): once Lark's ReconnectCount is used
     # up, or the credentials are refused, it tries again forever, the pause doubling up to this.
     ethan_ws_retry_max_s: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
-    # A destructive command's confirm card acts this long after it was sent; a later click
-    # gets "this card has expired" and runs nothing (bot/lark/card_clicks.py).
-    ethan_confirm_card_minutes: float = Field(default=10.0, gt=0, le=24 * 60, allow_inf_nan=False)
 
     # Models (DESIGN §3): a model is named `model` (on ETHAN_PROVIDER) or `provider:model`
     anthropic_api_key: str = ""
@@ -101,6 +98,14 @@ class Settings(BaseSettings):
     # When @-mentioned in a group, what was said there since Ethan last answered (message-list
     # API, bot/lark/discussion.py), at most this many tokens; 0 = the @-message alone.
     ethan_group_context_tokens: int = Field(default=2000, ge=0, le=50_000)
+    # Voice messages (bot/stt.py): an OpenAI-compatible POST /v1/audio/transcriptions. No model:
+    # voice is answered politely as before. Base URL / key default to OPENAI_BASE_URL /
+    # OPENAI_API_KEY (one provider for both); a local Whisper server needs only its URL.
+    ethan_stt_model: str = ""
+    ethan_stt_base_url: str = ""
+    ethan_stt_api_key: str = ""
+    ethan_stt_max_seconds: float = Field(default=300.0, gt=0, le=3600)   # longer: a short answer
+    ethan_stt_timeout: float = Field(default=60.0, gt=0, le=600)         # per transcription (s)
     ethan_host: str = "127.0.0.1"
     ethan_port: int = Field(default=8080, ge=0, le=65535)     # 0 = any free port (tests)
     ethan_console_token: str = ""
@@ -228,7 +233,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"{name!r}: an MCP server name is 1-24 of a-z 0-9 _ - (it prefixes its tools)")
         return v
 
-    @field_validator("lark_domain", "anthropic_base_url", "openai_base_url")
+    @field_validator("lark_domain", "anthropic_base_url", "openai_base_url", "ethan_stt_base_url")
     @classmethod
     def _url(cls, v: str) -> str:
         v = v.strip().rstrip("/")
@@ -397,7 +402,7 @@ class Settings(BaseSettings):
         """For logs: secrets replaced by whether they are set."""
         out = self.model_dump()
         for k in ("lark_app_secret", "lark_verification_token", "lark_encrypt_key",
-                  "anthropic_api_key", "openai_api_key", "ethan_console_token"):
+                  "anthropic_api_key", "openai_api_key", "ethan_console_token", "ethan_stt_api_key"):
             out[k] = "set" if out[k] else ""
         out["ethan_home"] = str(out["ethan_home"])
         return out

@@ -35,6 +35,7 @@ from bot.lifecycle import Lifecycle
 from bot.commands import Confirmation
 from bot.inbound import Inbound, NotAMessage
 from bot.inflight import InFlight
+from bot.stt import Transcriber
 from bot.parse_pool import ParsePool
 from memory.inbox import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
@@ -59,6 +60,28 @@ def unreadable_reply(message_type: str, *, chinese: bool = True) -> str:
     if chinese:
         return f"抱歉，我暂时还看不懂{zh}，可以用文字告诉我吗？"
     return f"Sorry, I can't read {en} yet — could you tell me in text?"
+
+
+class HeardReply:
+    """The reply to a voice message: what was heard, quoted above the answer (streamed and
+    final), so a wrong transcript is seen at once. Everything else is the wrapped reply's."""
+
+    def __init__(self, inner: Reply, transcript: str) -> None:
+        self._inner = inner
+        heard = " ".join(transcript.split())
+        self._prefix = f"🎤 「{heard[:500]}{'…' if len(heard) > 500 else ''}」\n\n"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def working(self) -> None:
+        await self._inner.working()
+
+    async def stream(self, text_so_far: str) -> None:
+        await self._inner.stream(self._prefix + text_so_far)
+
+    async def finish(self, text: str) -> None:
+        await self._inner.finish(self._prefix + text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +139,8 @@ class HandlerDeps:
     quote: "QuoteFetch | None" = None
     # When @-mentioned in a group: the discussion before the message, fenced ("" = none).
     discussion: Callable[[Inbound], Awaitable[str]] | None = None
+    # Speech to text for voice messages (bot/stt.py); None: they are answered politely.
+    stt: "Transcriber | None" = None
     # Answers being written, by message id: a recall stops its own (bot/inflight.py).
     inflight: "InFlight | None" = None
 
@@ -260,15 +285,22 @@ class MessageHandler:
         prepared = None
         if inbound.attachments and d.fetch is not None and d.parse_pool is not None:
             try:
-                prepared = await prepare(inbound, d.fetch, vision=d.vision(), pool=d.parse_pool)
+                prepared = await prepare(inbound, d.fetch, vision=d.vision(), pool=d.parse_pool, stt=d.stt)
             except AttachmentError as e:
                 # One line with the ids (bound) and the transport's codes; nothing is stored.
                 bound.warning("attachment.refused", reason=e.reason, detail=e.detail[:200],
                               kinds=[a.kind for a in inbound.attachments], **e.fields)
                 ext = str(e.fields.get("ext", ""))
                 await reply.finish(refusal(e.reason, str(e.fields.get("kind", "file")), chinese=chinese,
-                                           ext=f".{ext}" if ext else ""))
+                                           ext=f".{ext}" if ext else "",
+                                           limit_s=float(e.fields.get("limit_s", 0) or 0)))
                 return
+            if prepared.transcript:
+                # A voice message is answered as if typed; the reply shows what was heard.
+                inbound = replace(inbound, text=prepared.transcript)
+                reply = HeardReply(reply, prepared.transcript)
+                bound.info("voice.transcribed", seconds=round(prepared.audio_seconds, 1),
+                           chars=len(prepared.transcript))
             inbound = replace(inbound, text="\n\n".join(x for x in (inbound.text, prepared.text) if x),
                               material=inbound.material + tuple(prepared.material))
             for e in prepared.skipped:

@@ -36,15 +36,15 @@ class NotAMessage(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """An image, file, voice message or video that came with the message. No adapter fills
-    these yet (the handler answers such messages politely); typed now so they can arrive
-    later without changing the message type."""
+    """An image, file, voice message or video that came with the message (Lark: images, files,
+    a merged forward, voice; video is still answered politely)."""
 
     kind: str                 # image | file | audio | video
     ref: str                  # the transport's handle to fetch it (Lark image_key/file_key, a URL)
     name: str = ""
     mime_type: str = ""
     size: int = 0             # bytes, 0 when unknown
+    seconds: float = 0.0      # a voice message's declared length, 0 when unknown
 
 
 @dataclass(frozen=True, slots=True)

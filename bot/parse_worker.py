@@ -15,7 +15,7 @@ import resource
 import warnings
 
 # job name -> reader; nothing else can be asked of a worker
-JOBS = ("file", "image")
+JOBS = ("file", "image", "audio")
 
 
 def serve(conn, cpu_seconds: float, memory_bytes: int) -> None:
@@ -26,7 +26,7 @@ def serve(conn, cpu_seconds: float, memory_bytes: int) -> None:
     warnings.simplefilter("ignore")
     import importlib
 
-    from bot import readers
+    from bot import audio, readers
 
     for name in ("PIL.Image", "PIL.PngImagePlugin", "PIL.JpegImagePlugin", "pypdf"):
         importlib.import_module(name)     # once per worker, not on its first job
@@ -48,6 +48,8 @@ def serve(conn, cpu_seconds: float, memory_bytes: int) -> None:
                 result = ("ok", readers.read_file(*args))
             elif name == "image":
                 result = ("ok", readers.read_image(*args))
+            elif name == "audio":
+                result = ("ok", audio.probe(*args))
             else:
                 result = ("refused", "unreadable", f"unknown job {name!r}", "parser")
         except readers.Refused as e:

@@ -80,7 +80,7 @@ def message_inbound(header: Any, ev: Any, *, bot_open_id: str) -> Inbound:
     )
 
 
-ATTACHMENT_TYPES = frozenset({"image", "file", "merge_forward"})
+ATTACHMENT_TYPES = frozenset({"image", "file", "merge_forward", "audio"})
 
 
 def _attachments(message_type: str, message_id: str, content: dict) -> tuple[Attachment, ...]:
@@ -95,7 +95,19 @@ def _attachments(message_type: str, message_id: str, content: dict) -> tuple[Att
             return ()
         return (Attachment("file", key, name=str(content.get("file_name") or ""),
                            size=int(content.get("file_size") or 0) if str(content.get("file_size") or "0").isdigit() else 0),)
+    if message_type == "audio":
+        return _audio(content)
     return (Attachment("forward", message_id),)
+
+
+def _audio(content: dict) -> tuple[Attachment, ...]:
+    """A voice message: ``file_key`` and ``duration`` (ms, as Lark declares it — checked again
+    on the bytes, bot/audio.py)."""
+    key, ms = content.get("file_key"), content.get("duration")
+    if not isinstance(key, str) or not key:
+        return ()
+    seconds = ms / 1000 if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0 else 0.0
+    return (Attachment("audio", key, seconds=float(min(seconds, 1e7))),)
 
 
 def post_images(content: dict) -> tuple[Attachment, ...]:

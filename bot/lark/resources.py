@@ -13,7 +13,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from bot.attachments import MAX_FILE_BYTES, MAX_IMAGE_BYTES, AttachmentError, Fetched
+from bot.attachments import MAX_AUDIO_BYTES, MAX_FILE_BYTES, MAX_IMAGE_BYTES, AttachmentError, Fetched
 from bot.inbound import Attachment, Inbound, Material
 from bot.lark.normalize import epoch_seconds, flatten_post
 from memory.speaker import escape_text, safe_name
@@ -31,7 +31,7 @@ class LarkFetcher:
         try:
             if att.kind == "forward":
                 return Fetched(material=await self.forward_material(att.ref))
-            cap = MAX_IMAGE_BYTES if att.kind == "image" else MAX_FILE_BYTES
+            cap = {"image": MAX_IMAGE_BYTES, "audio": MAX_AUDIO_BYTES}.get(att.kind, MAX_FILE_BYTES)
             data, ctype = await self.api.download(inbound.message_id, att.ref,
                                                   kind="image" if att.kind == "image" else "file",
                                                   max_bytes=cap)

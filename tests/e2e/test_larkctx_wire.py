@@ -19,8 +19,10 @@ from PIL import Image
 from tests.fakes.fake_anthropic import Delay, FakeAnthropic, Text
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_openai import FakeOpenAI
+from tests.fakes.fake_stt import FakeSTT, ogg_opus
 from tests.harness import ENCRYPT_KEY, VERIFICATION_TOKEN
-from tests.fakes.lark_events import (_envelope, make_card_action_event, make_recalled_event, make_text_event,
+from tests.fakes.lark_events import (_envelope, make_audio_event, make_card_action_event, make_recalled_event,
+                                     make_text_event,
                                      webhook_request)
 from tests.reliability.support import ServerProcess, post_event, sqlite_rows, wait_until
 
@@ -50,12 +52,26 @@ def model(request):
 
 
 @pytest.fixture
-async def serve(tmp_path, lark, model):
-    env = {}
+def stt():
+    fake = FakeSTT(api_key="sk-stt").start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def _server(home, lark, model, **env) -> ServerProcess:
     if isinstance(model, FakeOpenAI):
         env = dict(OPENAI_API_KEY="x", OPENAI_BASE_URL=model.base_url, ETHAN_PROVIDER="openai",
-                   ETHAN_MODEL="gpt-4o", ANTHROPIC_API_KEY="", ANTHROPIC_BASE_URL="")
-    srv = ServerProcess(tmp_path / "home", lark, model, **env)
+                   ETHAN_MODEL="gpt-4o", ANTHROPIC_API_KEY="", ANTHROPIC_BASE_URL="", **env)
+    return ServerProcess(home, lark, model, **env)
+
+
+@pytest.fixture
+async def serve(tmp_path, lark, model, stt):
+    # Speech to text at its own (fake) server: ETHAN_STT_* (bot/stt.py)
+    srv = _server(tmp_path / "home", lark, model, ETHAN_STT_MODEL="whisper-1",
+                  ETHAN_STT_BASE_URL=stt.base_url, ETHAN_STT_API_KEY="sk-stt", ETHAN_STT_MAX_SECONDS="60")
     await srv.start_ready()
     try:
         yield srv
@@ -361,3 +377,77 @@ async def test_a_recall_mid_stream_deletes_the_half_streamed_card(serve, lark, m
     model.stream_delay = 0
     await _ask(serve, lark, model, make_text_event("你好", **ALICE), n=2)
     assert "机密计划" not in json.dumps(model.chat_requests()[-1].json, ensure_ascii=False)
+
+
+# -- voice messages --------------------------------------------------------------------------
+
+def _voice(lark, audio: bytes, *, duration_ms: int = 3000, **kw) -> dict:
+    ev = make_audio_event("file_v3_voice", duration_ms=duration_ms, **{**ALICE, **kw})
+    lark.add_resource(ev["event"]["message"]["message_id"], "file_v3_voice", audio, "audio/ogg")
+    return ev
+
+
+async def test_a_voice_message_is_answered_from_its_transcript(serve, lark, model, stt):
+    audio = ogg_opus(3.2, tag=b"meeting")
+    stt.add(audio, "明天下午三点提醒我开周会")
+    model.script(Text("好的，明天下午三点提醒你开周会。"))
+    req = await _ask(serve, lark, model, _voice(lark, audio))
+    assert "明天下午三点提醒我开周会" in model.last_user_text(req)          # as if typed
+    [heard] = stt.requests
+    assert (heard.model, heard.filename, heard.content_type) == ("whisper-1", "voice.ogg", "audio/ogg")
+    assert heard.data == audio and heard.authorization == "Bearer sk-stt"
+    [sent] = lark.messages()
+    assert sent.text.startswith("🎤 「明天下午三点提醒我开周会」"), sent.text    # what was heard, shown
+    assert sent.text.endswith("好的，明天下午三点提醒你开周会。")
+    stored = [(r["role"], r["content"]) for r in sqlite_rows(serve.db_path, "SELECT role, content FROM messages ORDER BY id")]
+    assert stored == [("user", "明天下午三点提醒我开周会"), ("assistant", "好的，明天下午三点提醒你开周会。")]
+    [line] = [e for e in serve.entries() if e.get("event") == "voice.transcribed"]
+    assert line["seconds"] == 3.2 and line["chars"] == len("明天下午三点提醒我开周会")
+
+
+@pytest.mark.parametrize("case", ["declared_too_long", "measured_too_long", "undecodable", "silence", "stt_down"])
+async def test_voice_that_cannot_be_heard_gets_a_short_answer_and_nothing_is_stored(serve, lark, model, stt, case):
+    audio, duration_ms, expect = ogg_opus(2, tag=case.encode()), 2000, "听"
+    if case == "declared_too_long":
+        duration_ms, expect = 90_000, "太长"
+    elif case == "measured_too_long":
+        audio, expect = ogg_opus(75, tag=b"long"), "太长"           # Lark's event says 2 s
+    elif case == "undecodable":
+        audio, expect = b"\x00\x01not audio at all" * 40, "读不了"
+    elif case == "stt_down":
+        stt.fail_next(503)
+        expect = "语音识别服务暂时不可用"
+    else:
+        stt.add(audio, "")                                         # the server heard no words
+        expect = "没听出"
+    ev = _voice(lark, audio, duration_ms=duration_ms)
+    lark.register_inbound(ev)
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, serve.url, ev) == 200
+    [sent] = await lark.wait_for_messages_async(1, timeout=20)
+    assert expect in sent.text and len(sent.text) < 80, sent.text
+    assert model.chat_requests() == []
+    assert sqlite_rows(serve.db_path, "SELECT id FROM messages") == []
+    heard = {"declared_too_long": 0, "measured_too_long": 0, "undecodable": 0}.get(case, 1)
+    assert len(stt.requests) == heard
+    [refused] = [e for e in serve.entries() if e.get("event") == "attachment.refused"]
+    assert refused["message_id"] == ev["event"]["message"]["message_id"]
+
+
+async def test_without_speech_to_text_a_voice_message_gets_the_polite_answer(tmp_path, lark, model, stt):
+    srv = _server(tmp_path / "home", lark, model)
+    await srv.start_ready()
+    try:
+        await _ask_no_model(srv, lark, _voice(lark, ogg_opus(2, tag=b"x")))
+        [sent] = lark.messages()
+        assert sent.text == "抱歉，我暂时还看不懂语音，可以用文字告诉我吗？"
+        assert stt.requests == [] and model.chat_requests() == []
+    finally:
+        srv.close()
+
+
+async def _ask_no_model(srv, lark, event, n: int = 1):
+    lark.register_inbound(event)
+    async with aiohttp.ClientSession() as http:
+        assert await post_event(http, srv.url, event) == 200
+    return await lark.wait_for_messages_async(n, timeout=20)

@@ -232,6 +232,12 @@ def make_file_event(file_key: str, file_name: str, *, chat_id: str, **kw) -> dic
                            content={"file_key": file_key, "file_name": file_name}, **kw)
 
 
+def make_audio_event(file_key: str, *, chat_id: str, duration_ms: int = 3000, **kw) -> dict:
+    """An ``audio`` (voice) message: content ``{"file_key": …, "duration": <ms>}``."""
+    return make_text_event("", chat_id=chat_id, message_type="audio",
+                           content={"file_key": file_key, "duration": duration_ms}, **kw)
+
+
 def make_forward_event(*, chat_id: str, **kw) -> dict:
     """A ``merge_forward`` message: its content names no children; they are fetched."""
     return make_text_event("", chat_id=chat_id, message_type="merge_forward",
