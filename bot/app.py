@@ -104,6 +104,7 @@ class EthanApp:
         self.outbox: Outbox | None = None
         self.intake: Intake | None = None
         self.queue: ConsolidationQueue | None = None
+        self.indexer = None                 # memory.vectors.EmbeddingIndexer, with an embedding model
         self.commands: Commands | None = None
         self.lark_api = None
         self.sender = None
@@ -178,7 +179,14 @@ class EthanApp:
         sessions = SessionStore(self.db, idle_timeout=s.ethan_session_idle_hours * 3600)
         working = WorkingMemory(self.db, sessions, self.memory_config)
         facts, procedures = FactStore(self.db), ProcedureStore(self.db)
-        profile, episodes, modes = ProfileStore(self.db), EpisodeStore(self.db), ModeStore(self.db)
+        from bot.llm.embeddings import build_embedder
+        from memory.vectors import EmbeddingIndexer
+
+        embedder = build_embedder(s)      # None: recall is BM25 alone (ETHAN_EMBEDDING_MODEL empty)
+        profile, episodes, modes = ProfileStore(self.db), EpisodeStore(self.db, embedder=embedder), ModeStore(self.db)
+        if embedder is not None:          # episodes are embedded in the background, never on the reply path
+            self.indexer = EmbeddingIndexer(self.db, embedder)
+            episodes.on_written = self.indexer.nudge
         removed = await sessions.cleanup_empty()
         await warming
         warm_ms = int((time.monotonic() - t_warm) * 1000)
@@ -310,6 +318,8 @@ class EthanApp:
         await self._check_model()
         await self.queue.start()
         await self.queue.recover()
+        if self.indexer is not None:
+            self.indexer.start()
         if self.recover_inbox:
             await self._recover_inbox()
         self._spawn(self._housekeeping(), "housekeeping")
@@ -664,6 +674,8 @@ class EthanApp:
                 log.warning("replica.release_failed", replica=self.inbox.owner, error=str(e)[:200])
         if self.mcp is not None:       # stdio servers end with us (and after SIGKILL: mcp_child.py)
             await self.mcp.stop()
+        if self.indexer is not None:   # an episode half embedded is embedded again at the next start
+            await self.indexer.stop()
         if self.queue is not None:
             remaining = max(1.0, deadline - (time.monotonic() - t0))
             await self.queue.drain(remaining)

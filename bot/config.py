@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     ethan_model: str = ""               # "" = DEFAULT_MODELS of the main provider's kind
     ethan_consolidation_model: str = ""
     ethan_fallback_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Semantic recall (docs/memory.md "Embeddings"): "" = none (BM25 alone), "local" = the
+    # bundled multilingual-e5-small (extra ethan[local-embeddings]), else [provider:]model on an
+    # OpenAI-compatible /v1/embeddings (bot/llm/embeddings.py)
+    ethan_embedding_model: str = ""
     # config.yaml `providers:` — name: {kind: anthropic|openai, base_url, api_key_env}
     providers: dict[str, "ProviderConfig"] = Field(default_factory=dict)
     # config.yaml `mcp_servers:` — name: {command, args, env} (stdio) or {url, headers} (HTTP);

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storage import Database, DatabaseError, dialect_of
+from memory.embedding import unpack
 
 # Parents before children (foreign keys); the PostgreSQL schema's order.
 ORDER = ("inbox", "outbox", "modes", "audit", "sessions", "conversations", "conversation_members",
          "messages", "warm_summaries", "consolidation_state", "consolidation_writes", "facts",
-         "procedures", "profile_entries", "episodes", "episode_chunks", "fact_sources",
+         "procedures", "profile_entries", "episodes", "episode_chunks", "episode_vectors", "fact_sources",
          "profile_sources",
          "chat_greetings", "card_confirmations", "chats_left",
          "schedules", "schedule_deliveries",
@@ -70,6 +71,10 @@ def _write_all(conn: Any, tables: list[tuple[str, list[str], list[tuple]]],
     return copied
 
 
+def _as_floats(value: Any) -> Any:
+    return unpack(value) if isinstance(value, (bytes, bytearray, memoryview)) else value
+
+
 def _counts(conn: Any, tables: list[str]) -> dict[str, int]:
     return {t: int(conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0]) for t in tables}
 
@@ -85,7 +90,12 @@ async def copy_database(source: Database, target: Database) -> CopyResult:
         if t not in src_cols:
             continue
         cols = [c for c, _ in src_cols[t] if c in {d for d, _ in dst_cols.get(t, [])}]
-        tables.append((t, cols, await source.read(_read_table, t, cols)))
+        rows = await source.read(_read_table, t, cols)
+        if t == "episode_vectors" and "vec" in cols and target.dialect == "postgres":
+            # SQLite's float32 BLOB (sqlite-vec's format) -> PostgreSQL's REAL[]
+            at = cols.index("vec")
+            rows = [(*r[:at], _as_floats(r[at]), *r[at + 1:]) for r in rows]
+        tables.append((t, cols, rows))
     stats = await source.read(lambda c: [tuple(r) for r in c.execute(
         "SELECT message_count, user_turns, updated_at, id FROM sessions").fetchall()])
     copied = await target.write(_write_all, tables, stats)

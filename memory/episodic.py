@@ -71,11 +71,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from storage import Database, dialect_of
+from memory.embedding import Embedder, EmbeddingError
 from memory.reltime import day_of, resolve
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
 from memory.tokenizer import CJK as _CJK
 from memory.tokenizer import index_terms, is_common_zh, is_warm, search_terms
 from memory.tokenizer import prepare as _prepare, stem as _stem, words as _words
+from memory.vectors import SUMMARY_SEQ, nearest
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,21 @@ RECALL_RECENT = 2          # a bare "do you remember what we talked about" gets 
 # lines that matched the message with EVIDENCE_NEIGHBOURS lines either side, at most
 # EVIDENCE_WINDOWS places in the session, ≤ EVIDENCE_TOKENS per episode.
 RECALL_BUDGET_TOKENS = 900
+# Semantic recall (issue 31; memory/vectors.py, docs/memory.md "Embeddings"), with an embedding
+# model configured: the message's vector against the user's episode vectors (summary and each
+# line). The best episode (by its best vector) joins the episodes the words chose when it stands
+# out: SEMANTIC_GAP above the next episode and SEMANTIC_LIFT above the median of the others (the
+# message is about *that* session, not like every session), the user has SEMANTIC_MIN_EPISODES
+# episodes to compare, and the message speaks of the user (I / my / 我 …: "how far is the moon"
+# is like every session a little). The two rankings are fused by RRF; its evidence is the
+# best-matching line with its neighbours. Tuned with multilingual-e5-small on the generated set
+# (bench/bench_recall.py; docs/memory.md): relative, so no model's absolute scale is assumed.
+SEMANTIC_DEPTH = 400       # nearest vectors read (a user's lines and summaries)
+SEMANTIC_GAP = 0.02
+SEMANTIC_LIFT = 0.03
+SEMANTIC_MIN_EPISODES = 3
+QUERY_EMBED_TIMEOUT_S = 2.0  # the message's own embedding is on the reply path: bounded
+EMBED_RETRY_S = 30.0       # after a failure the endpoint is not asked again for this long
 HEADING_TOKENS = 100
 EVIDENCE_TOKENS = 300
 EVIDENCE_NEIGHBOURS = 1
@@ -160,6 +177,14 @@ def has_recall_cue(text: str) -> bool:
 # English marks whom a question is about; a question about the user's own past says so.
 _SELF_EN = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|we're|we've|our|ours|us)\b",
                       re.IGNORECASE)
+
+
+_SELF_ZH = re.compile(r"[我咱俺]")
+
+
+def _speaks_of_self(text: str) -> bool:
+    """The message speaks of the user (semantic recall's condition; see SEMANTIC_GAP)."""
+    return bool(_SELF_EN.search(text) or _SELF_ZH.search(text))
 
 
 def _lone_word_decides(word: str, text: str, cue: bool) -> bool:
@@ -510,9 +535,15 @@ def summary_terms(summary: str, keywords: Iterable[str]) -> str:
 
 
 class EpisodeStore:
-    def __init__(self, db: Database, *, clock=time.time) -> None:
+    def __init__(self, db: Database, *, clock=time.time, embedder: Embedder | None = None,
+                 query_timeout: float = QUERY_EMBED_TIMEOUT_S) -> None:
         self.db = db
         self.clock = clock
+        self.embedder = embedder
+        self.query_timeout = query_timeout
+        self.on_written: Any = None       # called after a write (the embedding indexer's nudge)
+        self._embed_down_until = 0.0
+        self._embed_down = False
 
     # -- writing ------------------------------------------------------------------------
     async def write(
@@ -582,6 +613,8 @@ class EpisodeStore:
             await cur.close()
             if chunks is not None:
                 await write_chunks(tx, row["id"], chunks)
+        if self.on_written is not None:
+            self.on_written()
         return _row(row)
 
     # -- reading ------------------------------------------------------------------------
@@ -686,15 +719,18 @@ class EpisodeStore:
                                   params) is None:
             return []
         cue = has_recall_cue(text)
+        semantic = await self._semantic(where, params, text, k) if self.embedder is not None else {}
         words = await self._off_loop(_query_words, text)
-        if not words:
-            return await self._recent_for(scope, exclude_session, max_tokens) if cue else []
-        terms = (await self._off_loop(search_terms, text))[:MAX_QUERY_TERMS]
+        terms = (await self._off_loop(search_terms, text))[:MAX_QUERY_TERMS] if words else []
         if not terms:
+            if semantic:
+                return await self._with_semantic([], semantic, words, {}, {}, k, max_tokens)
             return await self._recent_for(scope, exclude_session, max_tokens) if cue else []
         candidates, weights, evidence = await self.db.read(
             _recall_reads, where, params, terms, scope.user_id, [w for w, _ in words])
         if not candidates:
+            if semantic:
+                return await self._with_semantic([], semantic, words, weights, evidence, k, max_tokens)
             return await self._recent_for(scope, exclude_session, max_tokens) if cue else []
         n_eps = max(weights.pop(_N_KEY, 1.0), 1.0)
         total = sum(weights.values()) or 1.0
@@ -732,6 +768,8 @@ class EpisodeStore:
                 ep.excerpt = best[2]
                 judged.append((coverage, ep))
         if not judged:
+            if semantic:
+                return await self._with_semantic([], semantic, words, weights, evidence, k, max_tokens)
             return []
         judged.sort(key=lambda j: (-j[0], -j[1].score, -j[1].timestamp))
         top = judged[0][0]
@@ -747,9 +785,99 @@ class EpisodeStore:
                 covered |= set(ep.matched)
         for ep in chosen:
             ep.score = next(cov for cov, e in judged if e is ep)
+        if semantic:
+            return await self._with_semantic(chosen, semantic, words, weights, evidence, k, max_tokens)
+        for ep in chosen:
             chunks = [(text, own) for text, _, own in evidence.get(ep.id, []) if text]
             ep.evidence = await self._off_loop(evidence_lines, words, weights, chunks)
         return _fit(chosen, max_tokens)
+
+    # -- semantic recall (issue 31) ---------------------------------------------------------
+    async def _query_vector(self, text: str) -> list[float] | None:
+        """The message's vector, or None (no model, or it failed: BM25 alone answers). A failure
+        is logged once (``recall.embedding_unavailable``) and the endpoint left alone for
+        ``EMBED_RETRY_S``, so an outage costs neither a timeout per message nor a log line each."""
+        assert self.embedder is not None
+        if time.monotonic() < self._embed_down_until:
+            return None
+        try:
+            vecs = await asyncio.wait_for(self.embedder.embed([text], query=True), self.query_timeout)
+            if len(vecs) != 1:
+                raise EmbeddingError(f"1 text gave {len(vecs)} vectors")
+        except (EmbeddingError, asyncio.TimeoutError, OSError) as e:
+            self._embed_down_until = time.monotonic() + EMBED_RETRY_S
+            if not self._embed_down:
+                self._embed_down = True
+                log.warning("recall.embedding_unavailable model=%s error=%s fallback=bm25",
+                            self.embedder.model, type(e).__name__ + (f": {e}" if str(e) else ""))
+            return None
+        if self._embed_down:
+            self._embed_down = False
+            log.info("recall.embedding_restored model=%s", self.embedder.model)
+        return vecs[0]
+
+    async def _semantic(self, where: list[str], params: list[Any], text: str,
+                        k: int) -> dict[int, tuple[float, int]]:
+        """Episodes the message is about by meaning: episode id → (similarity, best line's seq,
+        SUMMARY_SEQ when only the summary matched), at most ``k``; {} without vectors."""
+        assert self.embedder is not None
+        if not (text or "").strip():
+            return {}
+        qv = await self._query_vector(text)
+        if qv is None:
+            return {}
+        rows = await self.db.read(nearest, where, params, self.embedder.model, qv, SEMANTIC_DEPTH)
+        best: dict[int, float] = {}
+        line: dict[int, tuple[float, int]] = {}
+        for eid, seq, sim in rows:
+            if eid not in best:
+                best[eid] = sim
+            if seq != SUMMARY_SEQ and eid not in line:
+                line[eid] = (sim, seq)
+        if not best:
+            return {}
+        ranked = sorted(best.items(), key=lambda x: -x[1])
+        if len(ranked) < SEMANTIC_MIN_EPISODES or not _speaks_of_self(text):
+            return {}
+        (eid, top), second = ranked[0], ranked[1][1]
+        others = sorted(s for _, s in ranked[1:])
+        if top - second < SEMANTIC_GAP or top - others[len(others) // 2] < SEMANTIC_LIFT:
+            return {}
+        return {eid: (top, line.get(eid, (top, SUMMARY_SEQ))[1])}
+
+    async def _with_semantic(self, chosen: list[Episode], semantic: dict[int, tuple[float, int]],
+                             words: list, weights: dict[str, float], evidence: dict, k: int,
+                             max_tokens: int) -> list[Episode]:
+        """The episodes the words chose and those the vectors chose, fused by RRF (k = RRF_K);
+        each with its evidence: the lines holding the message's words, else the line the
+        vectors matched with its neighbours."""
+        fused: dict[int, float] = {}
+        for rank, ep in enumerate(chosen):
+            fused[ep.id] = 1.0 / (RRF_K + rank + 1)
+        for rank, eid in enumerate(semantic):
+            fused[eid] = fused.get(eid, 0.0) + 1.0 / (RRF_K + rank + 1)
+        by_id = {ep.id: ep for ep in chosen}
+        missing = [eid for eid in semantic if eid not in by_id]
+        if missing:
+            rows = await self.db.fetchall(
+                f"SELECT {_COLUMNS} FROM episodes WHERE id IN ({', '.join('?' * len(missing))})", missing)
+            for r in rows:
+                by_id[r["id"]] = _row(r, score=semantic[r["id"]][0])
+        order = sorted((eid for eid in fused if eid in by_id), key=lambda eid: -fused[eid])[:k]
+        out: list[Episode] = []
+        for eid in order:
+            ep = by_id[eid]
+            chunks = [(text, own) for text, _, own in evidence.get(eid, []) if text]
+            ep.evidence = await self._off_loop(evidence_lines, words, weights, chunks) if chunks and words else []
+            if not ep.evidence and eid in semantic and semantic[eid][1] != SUMMARY_SEQ:
+                lines = await self.turns(eid)
+                at = semantic[eid][1]
+                lo, hi = max(0, at - EVIDENCE_NEIGHBOURS), min(len(lines), at + EVIDENCE_NEIGHBOURS + 1)
+                ep.evidence = lines[lo:hi]
+            if eid in semantic and not ep.matched:
+                ep.matched = ["~semantic"]
+            out.append(ep)
+        return _fit(out, max_tokens)
 
     async def _recent_for(self, scope: Scope, exclude_session: str | None, max_tokens: int) -> list[Episode]:
         return _fit(await self.recent(scope.user_id, RECALL_RECENT, scope=scope,

@@ -98,6 +98,12 @@ class Cluster:
         import asyncio
         from storage.postgres import PgDatabase
         self.admin("CREATE DATABASE ethan_template")
+        import psycopg
+        with psycopg.connect(self.url("ethan_template"), autocommit=True) as conn:
+            # pgvector where the server has it (.ci/run installs it where Debian ships it): the
+            # v11 migration would try too; created here so every test database starts with it
+            if conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone():
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
 
         async def migrate() -> None:
             db = await PgDatabase(self.url("ethan_template"), pool_size=1).open()

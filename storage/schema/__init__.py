@@ -20,4 +20,5 @@ MIGRATIONS: list[str] = [
     profile.V8,    # profile_sources: which sessions taught each profile entry
     episodic.V9,   # PostgreSQL's BM25 statistics (term_array, episode_index_stats); a no-op on SQLite
     schedules.V10, # reminders: schedules + schedule_deliveries
+    episodic.V11,  # episode_vectors: semantic recall (issue 31)
 ]

@@ -67,3 +67,26 @@ END;
 V9 = """
 SELECT 1;
 """
+
+# Version 11 (issue 31): vectors for semantic recall (memory/vectors.py). Per episode and
+# embedding model: the summary (seq -1) and each indexed line (seq = its place among the
+# session's lines); float32 BLOBs in sqlite-vec's format. They go with the episode (cascade)
+# and whenever its summary or turns change (the triggers: forget, redaction, a rewrite), so
+# nothing forgotten survives as a vector; the background indexer embeds it again.
+V11 = """
+CREATE TABLE episode_vectors (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id  INTEGER NOT NULL REFERENCES episodes(id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    model       TEXT NOT NULL,
+    dim         INTEGER NOT NULL,
+    vec         BLOB NOT NULL,
+    UNIQUE (episode_id, model, seq)
+);
+CREATE TRIGGER episode_vectors_summary AFTER UPDATE OF summary ON episodes BEGIN
+    DELETE FROM episode_vectors WHERE episode_id = new.id;
+END;
+CREATE TRIGGER episode_vectors_turns AFTER DELETE ON episode_chunks BEGIN
+    DELETE FROM episode_vectors WHERE episode_id = old.episode_id;
+END;
+"""
