@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from bot.agent.agent import Memory
@@ -35,7 +35,7 @@ from bot.log import get_logger
 from bot.text import ambiguous_session, is_chinese, short, when as _when
 from memory.audit import AuditLog
 from memory.erase import erase_user, forget_memory
-from memory.forget import forget_fact
+from memory.forget import forget_fact, forget_profile_entry
 from memory.modes import COMPANION, WORK, parse_mode
 from memory.scope import Scope
 from memory.stats import Stats
@@ -69,7 +69,8 @@ HELP = {
         "/sessions — 本对话最近 20 个会话\n"
         "/resume <id> — 恢复之前的会话（完整 id 或末尾几位）\n"
         "/memory — 我记住的关于你的事\n"
-        "/forget <id> — 删除一条记忆；/forget all confirm — 删除你的全部记忆\n"
+        "/forget <id> — 删除一条记忆（/forget profile <id> 删除一条画像）；/forget all confirm — 删除你的全部记忆\n"
+        "/correct <id> <新内容> — 更正一条记忆（旧的保留为历史；/correct profile|rule <id> <新内容>）\n"
         "/rules — 你的行为规则；/rules delete <id> — 删除一条\n"
         "/profile — 你的画像（仅私聊）\n"
         "/mode work | /mode 陪伴 — 切换工作助手 / 陪伴倾听模式\n"
@@ -83,7 +84,8 @@ HELP = {
         "/sessions — the 20 most recent sessions of this conversation\n"
         "/resume <id> — resume an earlier session (full id or its last characters)\n"
         "/memory — what I remember about you\n"
-        "/forget <id> — delete one memory; /forget all confirm — delete all your memory\n"
+        "/forget <id> — delete one memory (/forget profile <id>: a profile line); /forget all confirm — delete all your memory\n"
+        "/correct <id> <new text> — correct a memory (the old one kept as history; /correct profile|rule <id> <text>)\n"
         "/rules — your behaviour rules; /rules delete <id> — delete one\n"
         "/profile — your profile (direct messages only)\n"
         "/mode work | /mode 陪伴 — switch between work assistant and companion mode\n"
@@ -108,6 +110,48 @@ class Confirmation(str):
         obj = super().__new__(cls, text)
         obj.command = command
         return obj
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryItem:
+    """One thing Ethan knows about the user, as /memory shows it (and its card's buttons act on)."""
+
+    kind: str          # fact | profile | rule
+    id: int
+    text: str
+    label: str         # the fact's category, the profile section, "rule"
+    learned: str       # where and when it was learned (provenance), one short line
+
+
+class MemoryView(str):
+    """/memory's answer: the text for transports without cards (console, terminal, /chat), and
+    the items for a transport that shows them as a card with Forget / Correct buttons (Lark,
+    bot/lark/memory_card.py). The buttons run the typed commands (``forget_command`` /
+    ``correct_command``) for the owner only."""
+
+    items: tuple[MemoryItem, ...]
+    owner: str
+    zh: bool
+    more: int            # items left out of the card (MAX_LISTED per kind)
+    note: str            # a line under the list ("" none)
+
+    def __new__(cls, text: str, *, items: tuple[MemoryItem, ...], owner: str, zh: bool, more: int = 0,
+                note: str = "") -> "MemoryView":
+        obj = super().__new__(cls, text)
+        obj.items, obj.owner, obj.zh, obj.more, obj.note = items, owner, zh, more, note
+        return obj
+
+
+def forget_command(item: MemoryItem) -> str:
+    """The typed command a Forget button runs."""
+    return {"fact": f"/forget {item.id}", "profile": f"/forget profile {item.id}",
+            "rule": f"/rules delete {item.id}"}[item.kind]
+
+
+def correct_command(item: MemoryItem, text: str) -> str:
+    """The typed command a Correct button's form runs with the new text."""
+    word = {"fact": "", "profile": "profile ", "rule": "rule "}[item.kind]
+    return f"/correct {word}{item.id} {' '.join(text.split())}"
 
 
 @dataclass
@@ -185,6 +229,7 @@ class Commands:
             "help": self.help, "h": self.help, "?": self.help, "帮助": self.help,
             "new": self.new, "sessions": self.sessions, "resume": self.resume,
             "memory": self.show_memory, "forget": self.forget, "rules": self.rules,
+            "correct": self.correct, "更正": self.correct,
             "profile": self.profile, "mode": self.mode, "episodes": self.episodes,
             "reset": self.reset, "stats": self.stats,
             "reminders": self.reminders, "reminder": self.reminders, "提醒": self.reminders,
@@ -301,26 +346,73 @@ class Commands:
         return ctx.t(f"已恢复会话 {resumed.tail}：{short(resumed.title, 40)}（{resumed.user_turns} 轮）",
                      f"Resumed session {resumed.tail}: {short(resumed.title, 40)} ({resumed.user_turns} turns)")
 
-    async def show_memory(self, ctx: Ctx) -> str:
+    def _learned(self, ctx: Ctx, source: str, places: list[tuple[str, str, float]], private: bool) -> str:
+        """Where and when something was learned: the chat (this one, the direct chat, a group),
+        the message, the date — each place it was learned, newest first (at most 3).
+        ``private``: learned in a direct chat (the item's visibility)."""
+        src = ctx.pick(SOURCE_NAMES.get(source, (source, source)))
+        out = []
+        for chat_id, message_id, ts in sorted(places, key=lambda p: -p[2])[:3]:
+            if not chat_id:
+                where = ctx.t("控制台", "console")
+            elif chat_id == ctx.inbound.chat_id:
+                where = ctx.t("本对话", "this chat")
+            elif private:
+                where = ctx.t("私聊", "direct chat")
+            else:
+                where = ctx.t(f"群聊 {tail(chat_id)}", f"group {tail(chat_id)}")
+            msg = f" {ctx.t('消息', 'message')} {tail(message_id)}" if message_id else ""
+            out.append(f"{where}{msg} {_when(ts, '%Y-%m-%d')}")
+        more = ctx.t(f"，另 {len(places) - 3} 处", f", +{len(places) - 3} more") if len(places) > 3 else ""
+        return f"{src} · " + "; ".join(out) + more if out else src
+
+    async def memory_items(self, ctx: Ctx) -> tuple[list[MemoryItem], int]:
+        """What Ethan knows about the sender, visible here: facts (in a group: shared ones),
+        profile lines (direct chat only), the sender's own rules; and how many were left out."""
         facts = await self.mem.facts.list(ctx.user)
         if not ctx.private:
             facts = [f for f in facts if f.visibility == "shared"]
-        if not facts:
-            return ctx.t("我还没有记住关于你的事。" + ("" if ctx.private else "（私聊中记下的不在群里显示）"),
-                         "I don't remember anything about you yet."
-                         + ("" if ctx.private else " (What I learned in our direct chat is not shown here.)"))
-        head = ctx.t(f"我记住的关于你的事（{len(facts)} 条，/forget <id> 删除）：",
-                     f"What I remember about you ({len(facts)}; /forget <id> deletes one):")
+        sources = getattr(self.mem.facts, "sources", None)     # every place a fact was learned
+        places = await sources(ctx.user, [f.id for f in facts[:MAX_LISTED]]) if sources else {}
+        items = [MemoryItem("fact", f.id, f.content,
+                            f"{ctx.pick(CATEGORY_NAMES.get(f.category, (f.category,) * 2))} {f.confidence:.2f}",
+                            self._learned(ctx, f.source, places.get(f.id) or [(f.chat_id, f.message_id, f.created_at)],
+                                         f.visibility == "private"))
+                 for f in facts[:MAX_LISTED]]
+        more = max(0, len(facts) - MAX_LISTED)
+        if ctx.private:
+            entries = await self.mem.profile.list(ctx.user)
+            items += [MemoryItem("profile", e.id, e.entry, e.section,
+                                 self._learned(ctx, e.source, [(e.chat_id, e.message_id, e.updated_at)],
+                                               e.visibility == "private"))
+                      for e in entries[:MAX_LISTED]]
+            more += max(0, len(entries) - MAX_LISTED)
+        rules = [r for r in await self.mem.procedures.list(ctx.user) if r.scope == "user"]
+        items += [MemoryItem("rule", r.id, r.rule, ctx.t("规则", "rule"),
+                             self._learned(ctx, "agent_proactive", [(r.chat_id, r.message_id, r.created_at)],
+                                           r.visibility == "private"))
+                  for r in rules[:MAX_LISTED]]
+        return items, more + max(0, len(rules) - MAX_LISTED)
+
+    async def show_memory(self, ctx: Ctx) -> str:
+        items, more = await self.memory_items(ctx)
+        note = "" if ctx.private else ctx.t("（私聊中记下的和画像不在群里显示）",
+                                            "(What I learned in our direct chat, and your profile, are not shown here.)")
+        if not items:
+            return ctx.t("我还没有记住关于你的事。", "I don't remember anything about you yet.") + (
+                f" {note}" if note else "")
+        head = ctx.t(f"我记住的关于你的事（{len(items)} 条；/forget <id> 删除，/correct <id> <新内容> 更正）：",
+                     f"What I remember about you ({len(items)}; /forget <id> deletes one, "
+                     f"/correct <id> <new text> corrects it):")
         lines = [head]
-        for f in facts[:MAX_LISTED]:
-            cat = ctx.pick(CATEGORY_NAMES.get(f.category, (f.category, f.category)))
-            src = ctx.pick(SOURCE_NAMES.get(f.source, (f.source, f.source)))
-            lines.append(f"#{f.id} [{cat}] {short(f.content, 120)}  ({f.confidence:.2f}, {src})")
-        if len(facts) > MAX_LISTED:
-            lines.append(ctx.t(f"…还有 {len(facts) - MAX_LISTED} 条", f"…and {len(facts) - MAX_LISTED} more"))
-        if not ctx.private:
-            lines.append(ctx.t("（私聊中记下的不在群里显示）", "(What I learned in our direct chat is not shown here.)"))
-        return "\n".join(lines)
+        for it in items:
+            ref = {"fact": f"#{it.id}", "profile": f"profile {it.id}", "rule": f"rule {it.id}"}[it.kind]
+            lines.append(f"{ref} [{it.label}] {short(it.text, 120)}  — {it.learned}")
+        if more:
+            lines.append(ctx.t(f"…还有 {more} 条", f"…and {more} more"))
+        if note:
+            lines.append(note)
+        return MemoryView("\n".join(lines), items=tuple(items), owner=ctx.user, zh=ctx.zh, more=more, note=note)
 
     async def forget(self, ctx: Ctx) -> str:
         if not ctx.args:
@@ -341,6 +433,8 @@ class Commands:
                          f"{c['episodes']} 条情节记忆、{c['schedules']} 个提醒。",
                          f"Deleted: {c['facts']} facts, {c['procedures']} rules, {c['profile_entries']} profile "
                          f"entries, {c['episodes']} episodes, {c['schedules']} reminders.")
+        if first in ("profile", "画像"):
+            return await self._forget_profile(ctx)
         fact_id = parse_id(ctx.args[0])
         if fact_id is None:
             return ctx.t(f"“{short(ctx.args[0], 20)}” 不是记忆 id。用 /memory 查看 id。",
@@ -358,6 +452,77 @@ class Commands:
         log.info("command.forget", chat_id=ctx.inbound.chat_id, user_id=ctx.user, fact_id=fact_id, **counts)
         return ctx.t(f"已删除记忆 #{fact_id}：{short(fact.content, 80)}",
                      f"Deleted memory #{fact_id}: {short(fact.content, 80)}")
+
+    async def _forget_profile(self, ctx: Ctx) -> str:
+        entry_id = parse_id(ctx.args[1]) if len(ctx.args) > 1 else None
+        if entry_id is None:
+            return ctx.t("用法：/forget profile <id>（/memory 查看 id）", "Usage: /forget profile <id> (see /memory for ids)")
+        if not ctx.private:
+            return ctx.t("画像只在私聊中管理，请私聊我。", "Your profile is managed in a direct chat only: send me this there.")
+        entry = await self.mem.profile.get(ctx.user, entry_id)
+        counts = await forget_profile_entry(self.db, ctx.user, entry_id) if entry is not None else None
+        if entry is None or counts is None:
+            return ctx.t(f"没有找到你的画像条目 {entry_id}。", f"You have no profile line {entry_id}.")
+        log.info("command.forget", chat_id=ctx.inbound.chat_id, user_id=ctx.user, profile_entry_id=entry_id, **counts)
+        return ctx.t(f"已删除画像条目 {entry_id}：{short(entry.entry, 80)}",
+                     f"Deleted profile line {entry_id}: {short(entry.entry, 80)}")
+
+    async def correct(self, ctx: Ctx) -> str:
+        """``/correct <id> <new text>`` (a fact: superseded, the old one kept as history),
+        ``/correct profile <id> <text>``, ``/correct rule <id> <text>`` — what the /memory
+        card's Correct button runs with the text typed into the card."""
+        args = list(ctx.args)
+        kind = "fact"
+        if args and args[0].casefold() in ("profile", "画像", "rule", "rules", "规则"):
+            kind = "profile" if args[0].casefold() in ("profile", "画像") else "rule"
+            args = args[1:]
+        item_id = parse_id(args[0]) if args else None
+        text = " ".join(args[1:]).strip()
+        if item_id is None or not text:
+            return ctx.t("用法：/correct <id> <新内容>（/memory 查看 id；画像和规则：/correct profile|rule <id> <新内容>）",
+                         "Usage: /correct <id> <new text> (see /memory for ids; profile lines and rules: "
+                         "/correct profile|rule <id> <new text>)")
+        try:
+            if kind == "profile":
+                if not ctx.private:
+                    return ctx.t("画像只在私聊中管理，请私聊我。", "Your profile is managed in a direct chat only.")
+                entry = await self.mem.profile.correct(ctx.scope, item_id, text)
+                if entry is None:
+                    return ctx.t(f"没有找到你的画像条目 {item_id}。", f"You have no profile line {item_id}.")
+                log.info("command.correct", kind=kind, chat_id=ctx.inbound.chat_id, user_id=ctx.user, item_id=item_id)
+                return ctx.t(f"已更正画像条目 {item_id}：{short(entry.entry, 80)}",
+                             f"Corrected profile line {item_id}: {short(entry.entry, 80)}")
+            if kind == "rule":
+                mine = {r.id: r for r in await self.mem.procedures.list(ctx.user) if r.scope == "user"}
+                if item_id not in mine:
+                    return ctx.t(f"没有找到你的规则 #{item_id}。", f"You have no rule #{item_id}.")
+                scope = replace(ctx.scope, is_admin=False)
+                new, _ = await self.mem.procedures.add(scope, text, mine[item_id].context)
+                if new.id != item_id:
+                    await self.mem.procedures.delete(scope, item_id)
+                log.info("command.correct", kind=kind, chat_id=ctx.inbound.chat_id, user_id=ctx.user,
+                         item_id=item_id, new_id=new.id)
+                return ctx.t(f"已更正规则 #{item_id} → #{new.id}：{short(new.rule, 80)}",
+                             f"Corrected rule #{item_id} → #{new.id}: {short(new.rule, 80)}")
+            old = await self.mem.facts.get(ctx.user, item_id)
+            if old is None or not old.active:
+                return ctx.t(f"没有找到你的记忆 #{item_id}。", f"You have no memory #{item_id}.")
+            if not ctx.private and old.visibility != "shared":
+                return ctx.t(f"记忆 #{item_id} 是私聊中记下的，请在私聊中更正。",
+                             f"Memory #{item_id} was learned in our direct chat; correct it there.")
+            # the user's words replace the fact: it is superseded (kept with its end time), the
+            # new one is theirs (user_edit) and as private as the old one was
+            write = await self.mem.facts.add(ctx.scope, text, old.category, source="user_edit",
+                                             decision=("update", old.id))
+            fact = write.fact
+            if old.visibility == "private" and fact.visibility != "private":
+                fact = await self.mem.facts.update(ctx.user, fact.id, visibility="private") or fact
+        except (ValueError, PermissionError) as e:
+            return ctx.t(f"没有更正：{short(str(e), 120)}", f"Not corrected: {short(str(e), 120)}")
+        log.info("command.correct", kind=kind, chat_id=ctx.inbound.chat_id, user_id=ctx.user, item_id=item_id,
+                 new_id=fact.id, action=write.action)
+        return ctx.t(f"已更正记忆 #{item_id} → #{fact.id}：{short(fact.content, 80)}（旧的保留为历史）",
+                     f"Corrected memory #{item_id} → #{fact.id}: {short(fact.content, 80)} (the old one is kept as history)")
 
     async def rules(self, ctx: Ctx) -> str:
         if ctx.args and ctx.args[0].casefold() in ("delete", "del", "rm", "remove", "删除"):

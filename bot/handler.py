@@ -32,7 +32,7 @@ from bot.agent.agent import Agent, UserTurn
 from bot.agent.prompt import with_material
 from bot.attachments import AttachmentError, Fetch, prepare, refusal
 from bot.lifecycle import Lifecycle
-from bot.commands import Confirmation
+from bot.commands import Confirmation, MemoryView
 from bot.inbound import Inbound, NotAMessage
 from bot.inflight import InFlight
 from bot.stt import Transcriber
@@ -320,6 +320,9 @@ class MessageHandler:
                 await reply.ask_confirm(answer, command=answer.command, user_id=inbound.sender_id,
                                         chat_type=inbound.chat_type)
                 bound.info("command.confirm_asked", command=answer.command.split()[0][:32])
+            elif isinstance(answer, MemoryView) and hasattr(reply, "memory_card"):
+                await reply.memory_card(answer, chat_type=inbound.chat_type)     # Forget / Correct buttons
+                bound.info("command.answered", command="/memory", card=True)
             elif answer is not None:
                 await reply.finish(answer)
                 bound.info("command.answered", command=inbound.text.split()[0][:32])

@@ -19,7 +19,8 @@ The decisions:
   (``chat_left``).
 * ``P2pOpened`` — a user opening the bot's direct chat is greeted the first time only.
 * ``ButtonClicked`` — a click on a destructive command's confirm/cancel card: only the user who
-  asked may decide, a card is decided once, a confirmation runs the command as that user.
+  asked may decide, a card is decided once, a confirmation runs the command as that user; a
+  click on the /memory card's Forget / Correct: only its owner acts (bot/memory_clicks.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from bot.inbound import Inbound
 from bot.log import get_logger
+from bot.memory_clicks import MEMORY, REFUSED as MEMORY_REFUSED, memory_clicked
 from bot.reply import DeliveryError
 from memory import audit, chat_events
 from memory.withdraw import withdraw_message
@@ -89,6 +91,12 @@ class ButtonClicked:
     asked_by: str = ""          # the user the card was sent to (the only one who may decide)
     command: str = ""           # the command a confirmation runs
     chat_type: str = "p2p"
+    # the /memory card's buttons (button "memory", bot/memory_clicks.py): forget | correct |
+    # save | back, the item, and the text a Save submits
+    op: str = ""
+    item_kind: str = ""
+    item_id: int = -1
+    text: str = ""
 
 
 ChatEvent = Recalled | BotAdded | BotRemoved | P2pOpened | ButtonClicked
@@ -105,6 +113,11 @@ class ChatActions(Protocol):
 
     async def settle_card(self, card_message_id: str, answer: str, outcome: str) -> None:
         """Show a confirm card's outcome (``confirmed`` / ``cancelled``) and the answer on it."""
+
+    async def show_memory_card(self, card_message_id: str, view: Any, *, chat_type: str, notice: str = "",
+                               editing: Any = None) -> None:
+        """Redraw a /memory card: the list (``view``: bot.commands.MemoryView) with ``notice`` on
+        top, or the item ``editing`` in its edit form."""
 
 
 @dataclass
@@ -193,6 +206,10 @@ class Lifecycle:
     # -- buttons ----------------------------------------------------------------------------
     async def clicked(self, item: Any, ev: ButtonClicked, bound: Any) -> None:
         card_mid, clicker = ev.card_message_id, ev.clicker
+        if ev.button == MEMORY and card_mid:                # the /memory card (bot/memory_clicks.py)
+            note = await memory_clicked(self.d, item, ev, bound)
+            await self.d.finish(item.id, "ignored" if note == MEMORY_REFUSED else "done", note)
+            return
         if ev.button not in (CONFIRM, CANCEL) or not card_mid:
             await self.d.finish(item.id, "ignored", "not an Ethan button")
             return

@@ -79,7 +79,27 @@ async def forget_fact(db: Database, user_id: str, fact_id: int) -> dict[str, int
     row = await db.fetchone("SELECT content FROM facts WHERE user_id = ? AND id = ?", (user_id, int(fact_id)))
     if row is None:
         return None
-    needle = Needle.of(row["content"])
+    return await _forget_statement(db, user_id, row["content"], "facts",
+                                   ("DELETE FROM facts WHERE user_id = ? AND id = ?", (user_id, int(fact_id))))
+
+
+async def forget_profile_entry(db: Database, user_id: str, entry_id: int) -> dict[str, int] | None:
+    """Delete the user's profile entry ``entry_id`` and its statement from every layer, as
+    ``forget_fact`` does for a fact (the /memory card's Forget on a profile line)."""
+    row = await db.fetchone("SELECT entry FROM profile_entries WHERE user_id = ? AND id = ?",
+                            (user_id, int(entry_id)))
+    if row is None:
+        return None
+    return await _forget_statement(db, user_id, row["entry"], "profile_entries",
+                                   ("DELETE FROM profile_entries WHERE user_id = ? AND id = ?",
+                                    (user_id, int(entry_id))))
+
+
+async def _forget_statement(db: Database, user_id: str, text: str, kind: str,
+                            first: tuple[str, tuple]) -> dict[str, int]:
+    """Run ``first`` (the item's own DELETE, counted under ``kind``) and remove the statement
+    ``text`` from episodes, summaries and profile entries, in one transaction."""
+    needle = Needle.of(text)
     counts = {"facts": 0, "episodes_changed": 0, "episodes_dropped": 0, "summaries_changed": 0,
               "profile_entries": 0}
     # Read and recompute first (jieba), then write in one transaction, re-checking nothing
@@ -119,8 +139,8 @@ async def forget_fact(db: Database, user_id: str, fact_id: int) -> dict[str, int
         "SELECT id, entry FROM profile_entries WHERE user_id = ?", (user_id,)) if needle.found_in(r["entry"])]
 
     async with db.transaction() as tx:
-        cur = await tx.execute("DELETE FROM facts WHERE user_id = ? AND id = ?", (user_id, int(fact_id)))
-        counts["facts"] = cur.rowcount
+        cur = await tx.execute(*first)
+        counts[kind] = cur.rowcount
         await cur.close()
         for eid, summary, chunks in ep_updates:
             if summary is None:

@@ -528,6 +528,24 @@ class ProfileStore:
                 await tx.execute(f"DELETE FROM profile_entries WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
         return DocumentWrite(kept=len(kept), added=added, removed=len(gone))
 
+    async def get(self, user_id: str, entry_id: int) -> ProfileEntry | None:
+        row = await self.db.fetchone(f"SELECT {_COLUMNS} FROM profile_entries WHERE user_id = ? AND id = ?",
+                                     (user_id, int(entry_id)))
+        return _entry(row) if row else None
+
+    async def correct(self, scope: Scope, entry_id: int, text: str) -> ProfileEntry | None:
+        """The user's correction of one entry (the /memory card's Correct): its words replaced
+        in place, now the user's (``user_edit``), learned here; None when they have no such entry."""
+        clean = clean_entry(text)
+        async with self.db.transaction() as tx:
+            cur = await tx.execute(
+                "UPDATE profile_entries SET entry = ?, source = 'user_edit', chat_id = ?, message_id = ?,"
+                " updated_at = ? WHERE user_id = ? AND id = ?",
+                (clean, scope.chat_id, scope.message_id, self.clock(), scope.user_id, int(entry_id)))
+            changed = cur.rowcount
+            await cur.close()
+        return await self.get(scope.user_id, entry_id) if changed else None
+
     async def delete_all(self, user_id: str) -> int:
         async with self.db.transaction() as tx:
             cur = await tx.execute("DELETE FROM profile_entries WHERE user_id = ?", (user_id,))

@@ -59,7 +59,7 @@ _COMMON = frozenset("""用户 user 名字 名叫 叫 是 在 有 喜欢 讨厌 �
 def _terms(text: str) -> set[str]:
     import unicodedata
 
-    from memory.episodic import search_terms     # jieba + stemmed English, as the episode index
+    from memory.tokenizer import search_terms     # jieba + stemmed English, as the episode index
 
     t = unicodedata.normalize("NFKC", text)
     return ({w for w in search_terms(t) if w.casefold() not in _COMMON and len(w) >= 2}

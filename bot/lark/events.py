@@ -120,6 +120,13 @@ class CardOperator(_Wire):
 class CardAction(_Wire):
     value: dict = Field(default_factory=dict)
     tag: str = ""
+    name: str = ""                                        # the button's name (a form's submit)
+    form_value: dict = Field(default_factory=dict)        # a form's inputs by name, on submit
+
+    @field_validator("form_value", mode="before")
+    @classmethod
+    def _no_form(cls, v: object) -> object:
+        return v if isinstance(v, dict) else {}
 
     @field_validator("value", mode="before")
     @classmethod
@@ -242,12 +249,20 @@ def _p2p(ev: P2pEnteredEvent, h: Header, _bot: str) -> core.P2pOpened:
 def _clicked(ev: CardActionEvent, h: Header, _bot: str) -> core.ButtonClicked:
     # Ethan's confirm card carries {"ethan": confirm|cancel, "user": asker, "cmd": …, "chat_type": …}
     # (bot/lark/cards.py); any other value is a button the core does not decide.
+    # The /memory card's buttons carry {"ethan": "memory", "op", "kind", "id", "user", "chat_type"};
+    # its Save submits the form's input as action.form_value["text"] (bot/lark/memory_card.py).
     value = ev.action.value or {}
+    try:
+        item_id = int(value.get("id", -1))
+    except (TypeError, ValueError):
+        item_id = -1
     return core.ButtonClicked(
         card_message_id=ev.context.open_message_id, chat_id=ev.context.open_chat_id,
         clicker=ev.operator.open_id, button=str(value.get("ethan") or ""),
         asked_by=str(value.get("user") or ""), command=str(value.get("cmd") or ""),
-        chat_type=str(value.get("chat_type") or "p2p"))
+        chat_type=str(value.get("chat_type") or "p2p"), op=str(value.get("op") or "")[:16],
+        item_kind=str(value.get("kind") or "")[:16], item_id=item_id,
+        text=str((ev.action.form_value or {}).get("text") or "")[:2000])
 
 
 REGISTRY: dict[str, EventSpec] = {s.event_type: s for s in (

@@ -7,7 +7,7 @@ acts; the core (bot/lifecycle.py) decides.
   group's topic is its thread); a recall, a join or leave, a p2p chat opened, a card click
   become bot/lifecycle.py's events.
 * ``LarkActions`` — ``bot.lifecycle.ChatActions`` over the Open API: a text message with a uuid,
-  recalling a message, patching a confirm card; Lark's errors become ``DeliveryError``.
+  recalling a message, patching a confirm card or the /memory card; Lark's errors become ``DeliveryError``.
 """
 
 from __future__ import annotations
@@ -85,5 +85,17 @@ class LarkActions:
             await self.api.request("PATCH", f"/open-apis/im/v1/messages/{card_message_id}",
                                    json={"content": json.dumps(confirm_outcome_card(answer, outcome),
                                                                ensure_ascii=False)})
+        except LarkApiError as e:
+            raise _refused(e) from e
+
+    async def show_memory_card(self, card_message_id: str, view: Any, *, chat_type: str, notice: str = "",
+                               editing: Any = None) -> None:
+        from bot.lark.memory_card import edit_card, memory_card
+
+        card = (edit_card(view, editing, chat_type=chat_type) if editing is not None
+                else memory_card(view, chat_type=chat_type, notice=notice))
+        try:
+            await self.api.request("PATCH", f"/open-apis/im/v1/messages/{card_message_id}",
+                                   json={"content": json.dumps(card, ensure_ascii=False)})
         except LarkApiError as e:
             raise _refused(e) from e

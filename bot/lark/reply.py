@@ -253,6 +253,33 @@ class LarkReply(ReplyBase):
         finally:
             await self._clear_reaction()
 
+    async def memory_card(self, view, *, chat_type: str) -> None:
+        """/memory as a card with Forget / Correct buttons (bot/lark/memory_card.py); a card
+        Lark refuses falls back to the text."""
+        from bot.lark.memory_card import memory_card
+
+        if self._finished:
+            return
+        self._finished = True
+        self._closing.set()
+        try:
+            try:
+                mid = await self._sender.reply(self.message_id, "interactive", memory_card(view, chat_type=chat_type),
+                                               uuid=derive_uuid(self.uuid_base, "memory"),
+                                               chat_id=self.chat_id, in_thread=self.in_thread)
+                self.message_ids.append(mid)
+                self.delivered_as = "card"
+                return
+            except LarkApiError as e:
+                if e.category in GIVE_UP and e.category is not Category.BAD_REQUEST:
+                    raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=True,
+                                        code=e.code, category=e.category.value) from e
+                self._log.info("lark.memory_card.failed", **e.log_fields())
+            self._finished = False
+            await self.finish(str(view))
+        finally:
+            await self._clear_reaction()
+
     async def _finish(self, text: str) -> None:
         if self._finished:
             self._log.warning("lark.reply.finish_again")

@@ -269,13 +269,17 @@ def make_p2p_entered_event(chat_id: str, *, operator: str = "ou_alice", **kw) ->
 
 
 def make_card_action_event(value: dict, *, chat_id: str, message_id: str, operator: str = "ou_alice",
-                           **kw) -> dict:
-    """``card.action.trigger``: a click on a button of the bot's card (new-style callback)."""
+                           form_value: dict | None = None, name: str = "", **kw) -> dict:
+    """``card.action.trigger``: a click on a button of the bot's card (new-style callback);
+    ``form_value``: a form's submit (its inputs by name), with the button's ``name``."""
     local = operator.split("_", 1)[-1]
+    action: dict = {"value": value, "tag": "button"}
+    if form_value is not None:
+        action.update(form_value=form_value, name=name)
     return _envelope("card.action.trigger", {
         "operator": {"tenant_key": "tk_demo", "user_id": local, "open_id": operator,
                      "union_id": f"on_{local}"},
-        "token": f"c-{_fresh_suffix()}", "action": {"value": value, "tag": "button"},
+        "token": f"c-{_fresh_suffix()}", "action": action,
         "host": "im_message", "delivery_type": "",
         "context": {"open_message_id": message_id, "open_chat_id": chat_id}}, **kw)
 

@@ -1,0 +1,77 @@
+"""Clicks on the /memory card (Lark: bot/lark/memory_card.py): Forget, Correct, Save, Back —
+decided here, for any transport that shows the card (the adapter translates the click into
+``bot.lifecycle.ButtonClicked`` with ``button == "memory"`` and draws the card).
+
+A click is a row in the inbox like any event and runs in its chat's mailbox, in order with the
+chat's messages. Only the card's owner (``asked_by``: the sender of /memory the card was made
+for) acts: another user's click changes nothing — logged, audited. The owner's click runs the
+typed command the button stands for, *as the clicker* (``/forget 12``, ``/correct 12 …``), then
+the card is redrawn from a fresh /memory (what Ethan knows now) with the outcome on top; Correct
+redraws it as the item's edit form. The card is not claimed once like a confirm card: it governs
+many items, and a redelivered click is the same event (deduplicated at intake).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.commands import MemoryView, correct_command, forget_command
+from bot.inbound import Inbound
+from memory import audit
+
+MEMORY = "memory"                  # ButtonClicked.button of the /memory card's buttons
+REFUSED = "click by another user"
+
+
+def refused(ev: Any) -> bool:
+    """True when this click must change nothing (not the card's owner)."""
+    return not ev.clicker or ev.clicker != ev.asked_by
+
+
+async def memory_clicked(d: Any, item: Any, ev: Any, bound: Any) -> str:
+    """Handle one click (``d``: bot.lifecycle.LifecycleDeps); returns the inbox row's note."""
+    bound = bound.bind(user_id=ev.clicker, card_message_id=ev.card_message_id, op=ev.op[:16])
+    if refused(ev):
+        bound.info("card.refused", reason="not the card's owner", owner=ev.asked_by[-6:])
+        await audit.record(d.db, ev.clicker, "card.memory", target=f"{ev.item_kind} {ev.item_id}"[:60],
+                           chat_id=ev.chat_id, detail="not the card's owner", allowed=False)
+        return REFUSED
+
+    def inbound(text: str) -> Inbound:
+        # the owner, in the card's chat: the command sees what /memory there sees
+        return Inbound(transport=d.transport, message_id=ev.card_message_id, chat_id=ev.chat_id,
+                       chat_type=ev.chat_type or "p2p", sender_id=ev.clicker, text=text, event_id=item.event_id)
+
+    async def view() -> MemoryView | None:
+        v = await d.run_command(inbound("/memory"), "/memory")
+        return v if isinstance(v, MemoryView) else None
+
+    current = await view()
+    if current is None:
+        return "memory view unavailable"
+    target = next((it for it in current.items if it.kind == ev.item_kind and it.id == ev.item_id), None)
+    notice = ""
+    if ev.op in ("forget", "save", "correct") and target is None:
+        notice = "这一条已经不在了。 / That item is gone already." if current.zh else "That item is gone already."
+    elif ev.op == "forget":
+        notice = await d.run_command(inbound(forget_command(target)), forget_command(target)) or ""
+        current = await view() or current
+    elif ev.op == "correct":
+        if d.actions is not None:
+            await d.actions.show_memory_card(ev.card_message_id, current, chat_type=ev.chat_type, editing=target)
+        bound.info("card.memory", outcome="editing", kind=target.kind, item_id=target.id)
+        return "editing"
+    elif ev.op == "save":
+        text = " ".join(ev.text.split())
+        if not text:
+            notice = "没有输入新的内容，什么都没改。 / Nothing typed; nothing changed."
+        elif text == " ".join(target.text.split()):
+            notice = "内容没有变化。 / The text is unchanged."
+        else:
+            cmd = correct_command(target, text)
+            notice = await d.run_command(inbound(cmd), cmd) or ""
+            current = await view() or current
+    bound.info("card.memory", outcome=ev.op or "back", kind=ev.item_kind[:8], item_id=ev.item_id)
+    if d.actions is not None:
+        await d.actions.show_memory_card(ev.card_message_id, current, chat_type=ev.chat_type, notice=str(notice))
+    return ev.op or "back"
