@@ -320,7 +320,7 @@ class MessageHandler:
                 await reply.ask_confirm(answer, command=answer.command, user_id=inbound.sender_id,
                                         chat_type=inbound.chat_type)
                 bound.info("command.confirm_asked", command=answer.command.split()[0][:32])
-            elif isinstance(answer, MemoryView) and hasattr(reply, "memory_card"):
+            elif isinstance(answer, MemoryView) and Capability.MEMORY_CARD in reply.capabilities:
                 await reply.memory_card(answer, chat_type=inbound.chat_type)     # Forget / Correct buttons
                 bound.info("command.answered", command="/memory", card=True)
             elif answer is not None:

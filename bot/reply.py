@@ -42,6 +42,7 @@ class Capability(enum.Enum):
     TOOL_PANEL = "show_tools"           # show_tools(tools): the tool calls of the answer (console)
     CONFIRM_TOOL = "confirm_tool"       # await confirm_tool(name, args) -> bool: the asker's click (Lark)
     CONFIRM_COMMAND = "ask_confirm"     # await ask_confirm(text, command=, user_id=, chat_type=): buttons (Lark)
+    MEMORY_CARD = "memory_card"         # await memory_card(view, chat_type=): /memory with Forget/Correct (Lark)
     FAILURE_STATUS = "note_failure"     # note_failure(kind): the interface answers a model failure
                                         # with its own status (/chat's 503), not only the apology
     WITHDRAW = "withdraw"               # await withdraw() -> int: a recalled message's half answer
@@ -70,6 +71,7 @@ class Reply(Protocol):
     def show_tools(self, tools: list[dict]) -> None: ...
     async def confirm_tool(self, name: str, args: dict) -> bool: ...
     async def ask_confirm(self, text: str, *, command: str, user_id: str, chat_type: str) -> None: ...
+    async def memory_card(self, view: Any, *, chat_type: str) -> None: ...
     def note_failure(self, kind: str) -> None: ...
     async def withdraw(self) -> int: ...
 
@@ -96,6 +98,9 @@ class ReplyBase:
 
     async def ask_confirm(self, text: str, *, command: str, user_id: str, chat_type: str) -> None:
         await self.finish(text)     # type: ignore[attr-defined]
+
+    async def memory_card(self, view: Any, *, chat_type: str) -> None:
+        await self.finish(str(view))     # type: ignore[attr-defined]
 
     def note_failure(self, kind: str) -> None:
         return None

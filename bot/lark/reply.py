@@ -55,7 +55,8 @@ class LarkReply(ReplyBase):
     # Buttons: a side-effecting tool call in a group and a destructive command are confirmed
     # by the asker's click on a card.
     # A recalled message's half-written answer is deleted from the chat.
-    capabilities = frozenset({Capability.CONFIRM_TOOL, Capability.CONFIRM_COMMAND, Capability.WITHDRAW})
+    capabilities = frozenset({Capability.CONFIRM_TOOL, Capability.CONFIRM_COMMAND, Capability.WITHDRAW,
+                              Capability.MEMORY_CARD})
 
     def __init__(
         self,

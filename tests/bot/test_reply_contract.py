@@ -19,7 +19,7 @@ from bot.web.playground import PlaygroundReply
 ROOT = Path(__file__).resolve().parents[2]
 
 REPLIES = {
-    LarkReply: {Capability.CONFIRM_TOOL, Capability.CONFIRM_COMMAND, Capability.WITHDRAW},
+    LarkReply: {Capability.CONFIRM_TOOL, Capability.CONFIRM_COMMAND, Capability.WITHDRAW, Capability.MEMORY_CARD},
     PlaygroundReply: {Capability.MEMORY_PANEL, Capability.TOOL_PANEL},
     ChatReply: {Capability.MEMORY_PANEL, Capability.FAILURE_STATUS},
     TerminalReply: set(),
