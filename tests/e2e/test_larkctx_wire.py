@@ -451,3 +451,42 @@ async def _ask_no_model(srv, lark, event, n: int = 1):
     async with aiohttp.ClientSession() as http:
         assert await post_event(http, srv.url, event) == 200
     return await lark.wait_for_messages_async(n, timeout=20)
+
+
+# -- gaps: the group-context budget, mentions on the streamed-card path ----------------------
+
+async def test_the_group_context_keeps_the_newest_messages_within_the_token_budget(tmp_path, lark, model):
+    from memory.working import estimate_tokens
+
+    said = [(w, f"第{i}条：" + "关于发布计划的详细讨论内容，" * 4) for i, w in
+            enumerate(["ou_alice", "ou_bob", "ou_carol", "ou_alice", "ou_bob"], 1)]
+    cost = [estimate_tokens(t) + estimate_tokens(lark.users[w]) + 8 for w, t in said]
+    budget = cost[-1] + cost[-2] + cost[-3] // 2          # the newest two fit, the third does not
+    srv = _server(tmp_path / "home", lark, model, ETHAN_GROUP_CONTEXT_TOKENS=str(budget))
+    await srv.start_ready()
+    try:
+        await _discuss(srv, lark, "oc_team_budget", said)
+        model.script(Text("好的。"))
+        req = await _ask(srv, lark, model, make_text_event("总结一下", chat_id="oc_team_budget",
+                                                           sender="ou_dave", **GROUP))
+        text = _request_text(req)
+        assert [t for _, t in said if t in text] == [said[3][1], said[4][1]], text
+        assert text.index(said[3][1]) < text.index(said[4][1])          # in the order said
+        [line] = [e for e in srv.entries() if e.get("event") == "group_context.read"]
+        assert line["messages"] == 2 and line["tokens"] <= budget
+    finally:
+        srv.close()
+
+
+async def test_a_model_written_mention_in_a_streamed_card_reaches_lark_escaped(serve, lark, model):
+    long = '<at user_id="all"></at> 大家注意：' + "这是一段很长的通知内容。" * 80 + ' <at id=all></at>'
+    model.script(Text(long))
+    await _ask(serve, lark, model, make_text_event("写一份长通知", chat_id="oc_team_card", **GROUP))
+    [sent] = lark.messages(chat_id="oc_team_card")
+    assert sent.msg_type == "interactive"                   # streamed into a CardKit card
+    [card] = lark.cards()
+    final = lark.card_text(card.card_id)
+    assert final.startswith('＜at user_id="all">＜/at> 大家注意'), final[:80]
+    pushed = [c for c in lark.calls if "/cardkit/" in c.path or "/im/v1/messages" in c.path]
+    raw = "\n".join(c.body.decode("utf-8", "replace") for c in pushed)
+    assert "大家注意" in raw and "<at" not in raw.lower() and "\\u003cat" not in raw.lower()
