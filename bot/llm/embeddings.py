@@ -19,7 +19,6 @@ from typing import Any, Sequence
 
 import openai
 
-from bot.config import ConfigError
 from bot.llm.openai_model import make_client
 from memory.embedding import Embedder, EmbeddingError, LocalEmbedder, clip, normalise
 
@@ -58,22 +57,13 @@ class OpenAIEmbedder:
 
 
 def build_embedder(settings: Any) -> Embedder | None:
-    """The configured embedder, or None (ETHAN_EMBEDDING_MODEL empty). ConfigError for a
-    provider that has no embeddings API (Anthropic)."""
-    ref = (settings.ethan_embedding_model or "").strip()
-    if not ref:
+    """The configured embedder (``Settings.embedding_ref``), or None (ETHAN_EMBEDDING_MODEL empty)."""
+    ref = settings.embedding_ref()
+    if ref is None:
         return None
-    if ref.lower() in ("local", "local:multilingual-e5-small"):
+    provider, model = ref
+    if provider == "local":
         return LocalEmbedder()
-    head, sep, _ = ref.partition(":")
-    if not (sep and head in settings.provider_names):
-        main = settings.provider
-        ref = f"{main if settings.provider_config(main).kind == 'openai' else 'openai'}:{ref}"
-    provider, model = settings.model_ref(ref, "ETHAN_EMBEDDING_MODEL")
     p = settings.provider_config(provider)
-    if p.kind != "openai":
-        raise ConfigError(f"ETHAN_EMBEDDING_MODEL: provider {provider} speaks the Anthropic API, which has no"
-                          " embeddings; name an OpenAI-compatible one (openai:text-embedding-3-small, or a"
-                          " config.yaml provider of kind openai), or local")
     client = make_client(api_key=p.api_key, base_url=p.base_url or None, stall_timeout=REQUEST_TIMEOUT_S)
     return OpenAIEmbedder(client, model, name=f"{provider}:{model}")

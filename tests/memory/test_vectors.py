@@ -207,3 +207,17 @@ async def test_db_copy_carries_the_vectors_to_postgresql_and_they_answer_there(t
     finally:
         await src.close()
         await dst.close()
+
+
+def test_the_embedding_setting_is_checked_at_start(tmp_path):
+    from bot.config import ConfigError, load_settings
+
+    base = dict(_env_file=None, ethan_home=tmp_path)
+    with pytest.raises(ConfigError, match="Anthropic API, which has no embeddings"):
+        load_settings(**base, anthropic_api_key="k", ethan_embedding_model="anthropic:claude-sonnet-4-6")
+    s = load_settings(**base, anthropic_api_key="k", ethan_embedding_model="text-embedding-3-small")
+    assert s.embedding_ref() == ("openai", "text-embedding-3-small")    # a bare name: openai's
+    s = load_settings(**base, openai_base_url="http://127.0.0.1:11434/v1", ethan_embedding_model="bge-m3")
+    assert s.embedding_ref() == ("openai", "bge-m3")
+    assert load_settings(**base, ethan_embedding_model="local").embedding_ref()[0] == "local"
+    assert load_settings(**base).embedding_ref() is None
