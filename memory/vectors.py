@@ -39,7 +39,7 @@ from memory.embedding import Embedder, EmbeddingError, pack
 log = logging.getLogger(__name__)
 
 SUMMARY_SEQ = -1
-BATCH_TEXTS = 32             # texts per embedding call
+BATCH_TEXTS = 16             # texts per embedding call
 EPISODES_PER_ROUND = 8       # episodes read per indexing round
 IDLE_POLL_S = 5.0            # how often an idle indexer looks for episodes without vectors
 BACKOFF_S = (1.0, 60.0)      # first and longest wait after a failed embedding call
