@@ -293,6 +293,7 @@ class EthanApp:
         from bot.stt import from_settings as speech_to_text
 
         self.stt = deps.stt = speech_to_text(s)
+        deps.last_words = self.memory.sessions.last_user_text
         self.inflight = deps.inflight = InFlight()
         self.handler = MessageHandler(deps)
         self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
@@ -631,10 +632,11 @@ class EthanApp:
 
             return CollectingReply()
         from bot.lark.outbound import LarkReply
+        from bot.lark.render import LOCALES
 
         reply = LarkReply(self.sender, message_id=inbound.message_id, chat_id=inbound.chat_id,
                           in_thread=inbound.in_thread, uuid_base=f"r-{inbound.message_id}",
-                          cards=self.outbox, resumed=resumed)
+                          cards=self.outbox, resumed=resumed, locale=LOCALES.get(inbound.language, "zh_cn"))
         if self.settings.ethan_recall_replies and self.outbox is not None:
             reply.record_sent = self.outbox.text_sent
         reply.tool_confirmations, reply.asker = self.confirmations, inbound.sender_id

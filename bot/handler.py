@@ -139,6 +139,9 @@ class HandlerDeps:
     quote: "QuoteFetch | None" = None
     # When @-mentioned in a group: the discussion before the message, fenced ("" = none).
     discussion: Callable[[Inbound], Awaitable[str]] | None = None
+    # What the sender last said in the conversation (memory.sessions.last_user_text): the
+    # language a message without words (an image, a sticker, voice) is answered in.
+    last_words: Callable[[str, str], Awaitable[str | None]] | None = None
     # Speech to text for voice messages (bot/stt.py); None: they are answered politely.
     stt: "Transcriber | None" = None
     # Answers being written, by message id: a recall stops its own (bot/inflight.py).
@@ -221,6 +224,7 @@ class MessageHandler:
             await self._ignore(item, reason, bound)
             return
 
+        inbound = replace(inbound, language=await self.language(inbound))
         reply = d.make_reply(inbound, resumed=item.attempts > 0)
         started = time.monotonic()
         try:
@@ -281,7 +285,7 @@ class MessageHandler:
 
     async def _answer(self, inbound: Inbound, reply: Reply, bound: Any) -> None:
         d = self.d
-        chinese = is_chinese(inbound.text) or not inbound.text
+        chinese = (inbound.language or await self.language(inbound)) == "zh"
         prepared = None
         if inbound.attachments and d.fetch is not None and d.parse_pool is not None:
             try:
@@ -308,10 +312,10 @@ class MessageHandler:
             bound.info("attachment.read", kinds=[a.kind for a in inbound.attachments],
                        images=len(prepared.images), image_bytes=prepared.image_bytes, cut=prepared.cut)
         if inbound.text == "" and inbound.message_type not in ("text", "post"):
-            await reply.finish(unreadable_reply(inbound.message_type, chinese=True))
+            await reply.finish(unreadable_reply(inbound.message_type, chinese=chinese))
         elif inbound.content_error:
             bound.warning("event.bad_content", error=inbound.content_error)
-            await reply.finish(unreadable_reply(inbound.message_type, chinese=True))
+            await reply.finish(unreadable_reply(inbound.message_type, chinese=chinese))
         elif not inbound.text:
             await reply.finish(EMPTY_REPLY["zh" if chinese else "en"])
         else:
@@ -362,6 +366,18 @@ class MessageHandler:
                             message_id=inbound.message_id, truncated=inbound.truncated,
                             images=images, material="\n\n".join(material))
                 await d.agent.respond(turn, reply)
+
+    async def language(self, inbound: Inbound) -> str:
+        """The user's language: their words' when there are any, else what they last said in
+        this conversation, else Chinese (a Feishu team's default)."""
+        if inbound.language:
+            return inbound.language
+        if any(c.isalpha() for c in inbound.text):
+            return "zh" if is_chinese(inbound.text) else "en"
+        last = await self.d.last_words(inbound.conv_key, inbound.sender_id) if self.d.last_words else None
+        if last and any(c.isalpha() for c in last):
+            return "zh" if is_chinese(last) else "en"
+        return "zh"
 
     def skip_reason(self, inbound: Inbound, bot_id: str) -> str:
         """The chat rules for what the bot answers (DESIGN.md §5, Lark's, kept by every

@@ -96,6 +96,7 @@ class Inbound:
     content_error: str = ""      # why content could not be read, for the log
     material: tuple[Material, ...] = ()   # third-party text with the message (fenced as data)
     as_admin: bool = False       # /chat: the caller asked for admin rights explicitly
+    language: str = ""           # zh | en: the user's, set by the handler (polite answers, post locale)
 
     @property
     def conv_key(self) -> str:

@@ -76,15 +76,21 @@ def fit_card_text(text: str, max_bytes: int = CARD_TEXT_MAX_BYTES) -> str:
     return raw[:max_bytes].decode("utf-8", errors="ignore")
 
 
+def label(zh: str, en: str) -> dict[str, Any]:
+    """A button's text in the reader's language: Lark picks ``i18n_content`` by the client's
+    locale; ``content`` (both) is for clients that do not."""
+    return {"tag": "plain_text", "content": f"{zh} {en}", "i18n_content": {"zh_cn": zh, "en_us": en}}
+
+
 def confirm_card(question: str, *, command: str, user_id: str, chat_type: str) -> dict[str, Any]:
     """A destructive command's question with confirm/cancel buttons (JSON 2.0). The buttons'
     values carry the command and who asked: only that user's click acts (bot/lark/lifecycle.py)."""
-    def button(label: str, kind: str, style: str) -> dict[str, Any]:
-        return {"tag": "button", "text": {"tag": "plain_text", "content": label}, "type": style,
+    def button(text: dict[str, Any], kind: str, style: str) -> dict[str, Any]:
+        return {"tag": "button", "text": text, "type": style,
                 "behaviors": [{"type": "callback", "value": {
                     "ethan": kind, "cmd": command, "user": user_id, "chat_type": chat_type}}]}
-    return _question_card(question, button("确认删除 Confirm", "confirm", "danger"),
-                          button("取消 Cancel", "cancel", "default"))
+    return _question_card(question, button(label("确认删除", "Confirm"), "confirm", "danger"),
+                          button(label("取消", "Cancel"), "cancel", "default"))
 
 
 def _question_card(question: str, yes: dict[str, Any], no: dict[str, Any]) -> dict[str, Any]:
@@ -104,11 +110,11 @@ def _question_card(question: str, yes: dict[str, Any], no: dict[str, Any]) -> di
 
 def tool_confirm_card(question: str, *, token: str, user_id: str) -> dict[str, Any]:
     """A side-effecting tool call in a group, waiting for the asker's click (bot/tools/confirm.py)."""
-    def button(label: str, kind: str, style: str) -> dict[str, Any]:
-        return {"tag": "button", "text": {"tag": "plain_text", "content": label}, "type": style,
+    def button(text: dict[str, Any], kind: str, style: str) -> dict[str, Any]:
+        return {"tag": "button", "text": text, "type": style,
                 "behaviors": [{"type": "callback", "value": {"ethan": kind, "token": token, "user": user_id}}]}
-    return _question_card(question, button("确认执行 Run it", "tool_confirm", "primary"),
-                          button("取消 Cancel", "tool_cancel", "default"))
+    return _question_card(question, button(label("确认执行", "Run it"), "tool_confirm", "primary"),
+                          button(label("取消", "Cancel"), "tool_cancel", "default"))
 
 
 def confirm_outcome_card(answer: str, outcome: str) -> dict[str, Any]:

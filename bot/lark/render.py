@@ -120,9 +120,13 @@ def looks_like_markdown(text: str) -> bool:
     return bool(_MARKDOWN.search(text))
 
 
-def render(text: str) -> tuple[str, dict[str, Any]]:
+LOCALES = {"zh": "zh_cn", "en": "en_us"}     # the user's language -> Lark's post locale
+
+
+def render(text: str, locale: str = "zh_cn") -> tuple[str, dict[str, Any]]:
     """(msg_type, content) for one chunk: Markdown goes as a ``post`` with an ``md``
-    paragraph (headings, lists, code render); plain prose as ``text``."""
+    paragraph (headings, lists, code render), under the user's ``locale`` (Lark shows a post
+    by the reader's client language); plain prose as ``text``."""
     if looks_like_markdown(text):
-        return "post", {"zh_cn": {"content": [[{"tag": "md", "text": text}]]}}
+        return "post", {locale: {"content": [[{"tag": "md", "text": text}]]}}
     return "text", {"text": text}

@@ -79,6 +79,7 @@ class LarkReply(ReplyBase):
         wall_clock: Callable[[], float] = time.time,
         cards: "CardLedger | None" = None,
         resumed: bool = False,
+        locale: str = "zh_cn",
         log=None,
     ) -> None:
         self._sender = sender
@@ -86,6 +87,7 @@ class LarkReply(ReplyBase):
         self.asker = ""                  # the open_id whose click may confirm a tool call
         self.record_sent = None      # Outbox.text_sent when replies may be recalled (ETHAN_RECALL_REPLIES)
         self._wall_clock = wall_clock
+        self.locale = locale             # the user's: posts carry it (bot/lark/render.py)
         self._cards = cards
         # An earlier run of this message started answering it (the inbox says so): it may
         # have left a card on screen, even if this run's answer is short.
@@ -465,7 +467,7 @@ class LarkReply(ReplyBase):
             fields = e.log_fields() if isinstance(e, LarkApiError) else {"error": repr(e)}
             self._log.warning("lark.card.close_failed", card_id=self.card_id, **fields)
         for i, chunk in enumerate(tail):
-            msg_type, content = render(chunk)
+            msg_type, content = render(chunk, self.locale)
             mid = await self._sender.reply(
                 self.message_id, msg_type, content, uuid=derive_uuid(self.uuid_base, "card", i),
                 chat_id=self.chat_id, in_thread=self.in_thread,
@@ -479,7 +481,7 @@ class LarkReply(ReplyBase):
             self._log.warning("lark.reply.empty")
             return
         for i, chunk in enumerate(split_text(text, self._text_limit)):
-            msg_type, content = render(chunk)
+            msg_type, content = render(chunk, self.locale)
             uuid = derive_uuid(self.uuid_base, i)
             mid = await self._sender.reply(
                 self.message_id, msg_type, content, uuid=uuid,

@@ -490,3 +490,41 @@ async def test_a_model_written_mention_in_a_streamed_card_reaches_lark_escaped(s
     pushed = [c for c in lark.calls if "/cardkit/" in c.path or "/im/v1/messages" in c.path]
     raw = "\n".join(c.body.decode("utf-8", "replace") for c in pushed)
     assert "大家注意" in raw and "<at" not in raw.lower() and "\\u003cat" not in raw.lower()
+
+
+# -- polite replies in the user's language; posts in the user's locale ------------------------
+
+async def test_polite_replies_follow_the_users_language_and_posts_carry_their_locale(tmp_path, lark, model, stt):
+    srv = _server(tmp_path / "home", lark, model)          # no speech to text configured
+    await srv.start_ready()
+    bob = dict(chat_id="oc_p2p_bob", sender="ou_bob")
+    try:
+        model.script(Text("Here you go:\n\n- Start early\n- Bring water"), Text("好的：\n\n- 早点出发\n- 带水"))
+        await _ask(srv, lark, model, make_text_event("Could you list two hiking tips?", **ALICE))
+        await _ask(srv, lark, model, make_text_event("列两条徒步建议", **bob), n=2)
+        sticker = dict(message_type="sticker", content={"file_key": "v3_sticker"})
+        await _ask_no_model(srv, lark, _voice(lark, ogg_opus(2, tag=b"en")), n=3)
+        await _ask_no_model(srv, lark, make_text_event("", **ALICE, **sticker), n=4)
+        await _ask_no_model(srv, lark, make_text_event("", **bob, **sticker), n=5)
+        alice, bobs = lark.messages(chat_id=ALICE["chat_id"]), lark.messages(chat_id=bob["chat_id"])
+        assert [m.msg_type for m in alice] == ["post", "text", "text"]
+        assert list(alice[0].content) == ["en_us"] and list(bobs[0].content) == ["zh_cn"]
+        assert [m.text for m in alice[1:]] == ["Sorry, I can't read voice messages yet — could you tell me in text?",
+                                               "Sorry, I can't read stickers yet — could you tell me in text?"]
+        assert bobs[1].text == "抱歉，我暂时还看不懂表情包，可以用文字告诉我吗？"
+        # A card's buttons carry both locales: Lark shows the reader's (i18n_content).
+        await _ask_no_model(srv, lark, make_text_event("/forget all", **ALICE), n=6)
+        card = lark.messages(chat_id=ALICE["chat_id"])[-1]
+        texts = [b["text"] for b in _walk(card.content) if isinstance(b, dict) and b.get("tag") == "button"]
+        assert [t["i18n_content"] for t in texts] == [{"zh_cn": "确认删除", "en_us": "Confirm"},
+                                                      {"zh_cn": "取消", "en_us": "Cancel"}]
+        assert "Delete" in card.text or "delete" in card.text, card.text    # the question in English
+    finally:
+        srv.close()
+
+
+def _walk(node):
+    yield node
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for c in children:
+        yield from _walk(c)
