@@ -43,6 +43,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("image", "bench.bench_image", "10. Answering an image message"),
     ("parse", "bench.bench_parse", "14. Reading attachments: bombs vs normal files"),
     ("pg", "bench.bench_pg", "11. PostgreSQL vs SQLite"),
+    ("scale", "bench.bench_scale", "16. Scaling out: replicas × database round trip"),
     ("tools", "bench.bench_tools", "13. The tool port: overhead per call and schema tokens"),
     ("paired", "bench.bench_paired", "12. CPU per message against an older commit, side by side"),
     ("reminders", "bench.bench_reminders", "13. Reminders: due-job pick-up latency and idle CPU"),

@@ -53,7 +53,7 @@ from typing import Any
 import asyncio
 import re
 
-from storage import Database, dialect_of, fetch_all
+from storage import Database, dialect_of, fetch_all, serialize_tx
 from memory.episodic import extract_keywords, prepare_chunks, summary_terms, write_chunks
 from memory.tokenizer import is_warm, warm_up
 from memory.sessions import make_title
@@ -180,6 +180,7 @@ async def erase_user(db: Database, user_id: str) -> EraseResult:
     if not is_warm():
         await asyncio.to_thread(warm_up)      # jieba, for rebuilding group episodes: off the loop
     async with db.transaction() as tx:
+        await serialize_tx(tx, "user", uid)   # no add of theirs between the reads and the deletes
         # Where they spoke (before their messages go).
         session_ids = await _column(
             tx, "SELECT DISTINCT session_id FROM messages WHERE sender_id = ? "
@@ -310,6 +311,7 @@ async def forget_memory(db: Database, user_id: str) -> EraseResult:
         raise ValueError("no user to forget")
     c: dict[str, int] = {}
     async with db.transaction() as tx:
+        await serialize_tx(tx, "user", uid)
         c["facts"] = await _run(tx, "DELETE FROM facts WHERE user_id = ?", (uid,))
         c["procedures"] = await _run(
             tx, "DELETE FROM procedures WHERE scope = 'user' AND scope_id = ?", (uid,))

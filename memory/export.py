@@ -65,7 +65,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, field_validator
 
-from storage import Database, fetch_one
+from storage import Database, fetch_one, serialize_tx
 from memory.episodic import (MAX_BODY_LINES, MAX_IMPORT_SUMMARY_CHARS, MAX_KEYWORDS, MAX_SUMMARY_CHARS,
                              CHUNK_LINES, CHUNK_STRIDE,
                              prepare_chunks, summary_terms, write_chunks)
@@ -301,6 +301,7 @@ async def collect(db: Database, user_id: str) -> dict[str, str]:
     """The export's files (name → text) for ``user_id``, read in one transaction."""
     check_user_id(user_id)
     async with db.transaction() as tx:
+        await serialize_tx(tx, "user", user_id)   # the user's memory writes wait: one consistent set
         async def rows(sql: str, params: tuple) -> list[Any]:
             cur = await tx.execute(sql, params)
             try:
@@ -617,6 +618,7 @@ async def import_user(db: Database, user_id: str, directory: str | Path, *,
     result = ImportResult(Path(directory), user_id, missing=list(bundle.missing),
                           exported_user=bundle.manifest.user_id if bundle.manifest else "")
     async with db.transaction() as tx:
+        await serialize_tx(tx, "user", user_id)
         async def one(sql: str, params: tuple) -> Any:
             return await fetch_one(tx, sql, params)
 

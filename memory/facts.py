@@ -78,7 +78,7 @@ from functools import lru_cache
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from storage import Database, fetch_one
+from storage import Database, fetch_one, serialize, serialize_tx
 from memory.redact import looks_like_secret
 from memory.scope import Scope
 from memory.similarity import RELATED, SAME, dice, norm_bigrams, normalise
@@ -501,6 +501,7 @@ class FactStore:
                   visibility: str, new: Any, now: float, session_id: str = "",
                   decision: tuple[str, int | None] | None = None) -> FactWrite:
         user = scope.user_id
+        serialize(conn, "user", user)    # the match, supersede and evict read all the user's facts
         rows = conn.execute(
             "SELECT id, content, confidence FROM facts WHERE user_id = ? AND superseded_at IS NULL", (user,)
         ).fetchall()
@@ -651,6 +652,7 @@ class FactStore:
         sets.update(source="user_edit", updated_at=self.clock())
         assignments = ", ".join(f"{k} = ?" for k in sets)
         async with self.db.transaction() as tx:
+            await serialize_tx(tx, "user", user_id)   # not between an add's read and its write
             cur = await tx.execute(
                 f"UPDATE facts SET {assignments} WHERE user_id = ? AND id = ?",
                 (*sets.values(), user_id, fact_id),

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from storage import Database
+from storage import Database, serialize_tx
 from memory.episodic import extract_keywords, prepare_chunks, session_lines, summary_terms, write_chunks
 from memory.tokenizer import search_terms
 
@@ -139,6 +139,7 @@ async def _forget_statement(db: Database, user_id: str, text: str, kind: str,
         "SELECT id, entry FROM profile_entries WHERE user_id = ?", (user_id,)) if needle.found_in(r["entry"])]
 
     async with db.transaction() as tx:
+        await serialize_tx(tx, "user", user_id)
         cur = await tx.execute(*first)
         counts[kind] = cur.rowcount
         await cur.close()

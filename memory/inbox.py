@@ -260,12 +260,16 @@ def _insert_rows(conn, rows: list[tuple], owner: str, now: float, until: float,
     and the holder answers it (in id order, after what it is working on)."""
     out: list[tuple[int, bool] | None | Exception] = []
     held: dict[str, bool] = {}
+    if conversations:
+        # Every lease of the batch first, in one fixed order: two replicas' batches about the
+        # same conversations then lock their lease rows in the same order, never in a cycle
+        # (PostgreSQL has no global write lock to order them; storage/postgres.py).
+        for conv_key in sorted({row[3] for row in rows if row[7] == "pending"}):
+            held[conv_key] = _claim_conversation(conn, conv_key, owner, now, until)
     for row in rows:
         conv_key, status = row[3], row[7]
         mine = True
         if conversations and status == "pending":
-            if conv_key not in held:
-                held[conv_key] = _claim_conversation(conn, conv_key, owner, now, until)
             mine = held[conv_key]
         try:
             cur = conn.execute(

@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from storage import Database
+from storage import Database, serialize
 from memory.redact import looks_like_secret
 from memory.scope import Scope
 from memory.facts import SAME_FACT, relation
@@ -136,6 +136,7 @@ class ProcedureStore:
         # Read, compare and insert as one Database.write in the SQLite thread (one round trip;
         # the procedure_write tool calls this on the reply path).
         def write(tx: Any) -> tuple[Procedure, bool]:
+            serialize(tx, "rules", f"{kind}:{owner}")   # the rules are read, compared, then added to
             rows = tx.execute(
                 f"SELECT {_COLUMNS}, norm FROM procedures WHERE scope = ? AND scope_id = ? ORDER BY id",
                 (kind, owner),

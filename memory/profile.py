@@ -79,7 +79,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
-from storage import Database
+from storage import Database, serialize, serialize_tx
 from memory.scope import Scope
 from memory.similarity import RELATED, normalise, similarity
 
@@ -360,6 +360,7 @@ class ProfileStore:
         # Read, compare and write as one Database.write in the SQLite thread (one round trip;
         # the update_profile tool calls this on the reply path).
         def write(tx: Any) -> str:
+            serialize(tx, "user", scope.user_id)   # the section is read, compared, then written
             rows = tx.execute(
                 "SELECT id, position, entry, visibility FROM profile_entries WHERE user_id = ? AND section = ?"
                 " ORDER BY position, id",
@@ -496,6 +497,7 @@ class ProfileStore:
         parsed = parse_document(markdown)
         now = self.clock()
         async with self.db.transaction() as tx:
+            await serialize_tx(tx, "user", user_id)
             cur = await tx.execute(
                 "SELECT id, section, entry FROM profile_entries WHERE user_id = ? ORDER BY position, id", (user_id,)
             )

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from storage import dialect_of
+from storage import dialect_of, serialize
 from memory.inbox import default_replica_id
 from memory.recurrence import next_after
 
@@ -241,6 +241,7 @@ class ScheduleStore:
 
 def _add(conn: Any, row: dict, max_active: int | None) -> int | None:
     if max_active is not None:
+        serialize(conn, "user", row["owner_id"])   # the count and the insert: one user at a time
         n = conn.execute("SELECT COUNT(*) FROM schedules WHERE owner_id = ? AND state = 'active'",
                          (row["owner_id"],)).fetchone()[0]
         if n >= max_active:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
-from storage import Database, DatabaseError, fetch_all
+from storage import Database, DatabaseError, fetch_all, serialize
 from memory.session_search import (  # noqa: F401  (re-exported: the search's public names)
     MIN_FTS_CHARS,
     SCAN_LIMIT,
@@ -188,6 +188,7 @@ def _active_sync(conn: sqlite3.Connection, conv_key: str) -> SessionInfo | None:
 
 
 def _close_sync(conn: sqlite3.Connection, session: SessionInfo, now: float) -> SessionInfo:
+    serialize(conn, "conversation", session.conv_key)   # against an append choosing this session
     conn.execute("UPDATE sessions SET closed_at = ? WHERE id = ?", (now, session.id))
     conn.execute(
         "UPDATE conversations SET active_session_id = NULL, updated_at = ? WHERE active_session_id = ?",
@@ -361,6 +362,9 @@ class SessionStore:
         lark_message_id: str | None, now: float,
     ) -> AppendResult:
         conv_key = scope.conv_key
+        # The conversation's active session is read, maybe closed or created, then written:
+        # one unit per conversation at a time (replicas too); other conversations never wait.
+        serialize(conn, "conversation", conv_key)
         closed: SessionInfo | None = None
         created = False
         if lark_message_id:
@@ -617,6 +621,7 @@ class SessionStore:
 def _resume_sync(conn: sqlite3.Connection, conv_key: str, ref: str, user_id: str | None,
                  now: float) -> tuple[SessionInfo, SessionInfo | None]:
     """SessionStore.resume in the SQLite thread: (the resumed session, the one it closed)."""
+    serialize(conn, "conversation", conv_key)
     conv = conn.execute("SELECT * FROM conversations WHERE conv_key = ?", (conv_key,)).fetchone()
     current = _active_sync(conn, conv_key)
     clauses: list[str] = []

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from memory.speaker import label as speaker_label
-from storage import Database
+from storage import Database, for_update
 
 REPLAY_CAP = 4000                   # chars per replayed stored message
 TRUNCATED = "…(truncated)"
@@ -710,8 +710,8 @@ def _ensure_state(conn: sqlite3.Connection, session_id: str, now: float) -> None
 def _commit_compression(conn: sqlite3.Connection, work: Work, summary: str, model: str, first_msg_id: int,
                         now: float) -> None:
     _ensure_state(conn, work.session_id, now)
-    row = conn.execute(
-        "SELECT compressed_upto FROM consolidation_state WHERE session_id = ?", (work.session_id,)
+    row = conn.execute(   # locked: a concurrent commit of the same step waits, then sees it moved
+        "SELECT compressed_upto FROM consolidation_state WHERE session_id = ?" + for_update(conn), (work.session_id,)
     ).fetchone()
     if row["compressed_upto"] != work.after_id:
         raise StaleWork(f"{work.session_id}: compressed_upto moved to {row['compressed_upto']}")
@@ -731,7 +731,8 @@ def _commit_extraction(conn: sqlite3.Connection, session_id: str, after_id: int,
                        rows: list[tuple[str, str, str]], rolling_summary: str | None, fold_upto: int | None,
                        reset_warm: bool, now: float) -> None:
     _ensure_state(conn, session_id, now)
-    row = conn.execute("SELECT extracted_upto FROM consolidation_state WHERE session_id = ?", (session_id,)).fetchone()
+    row = conn.execute("SELECT extracted_upto FROM consolidation_state WHERE session_id = ?" + for_update(conn),
+                       (session_id,)).fetchone()
     if row["extracted_upto"] != after_id:
         raise StaleWork(f"{session_id}: extracted_upto moved to {row['extracted_upto']}")
     conn.executemany(
@@ -771,7 +772,7 @@ def _record_failure(conn: sqlite3.Connection, session_id: str, error: str, base:
                     now: float) -> float:
     _ensure_state(conn, session_id, now)
     failures = conn.execute(
-        "SELECT failures FROM consolidation_state WHERE session_id = ?", (session_id,)
+        "SELECT failures FROM consolidation_state WHERE session_id = ?" + for_update(conn), (session_id,)
     ).fetchone()["failures"] + 1
     delay = min(cap_s, base * (2 ** (failures - 1)))
     conn.execute(

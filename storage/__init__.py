@@ -12,11 +12,11 @@ from typing import Any
 
 from storage.port import (Database, DatabaseError, DatabaseUnavailable, IntegrityError, NotSupported,
                           RetryLater, SchemaTooNew, Transaction, dialect_of, fetch_all, fetch_one,
-                          is_database_error, is_database_url)
+                          for_update, is_database_error, is_database_url, serialize, serialize_tx)
 
 __all__ = ["Database", "DatabaseError", "DatabaseUnavailable", "IntegrityError", "NotSupported",
            "RetryLater", "SchemaTooNew", "Transaction", "database", "dialect_of", "fetch_all",
-           "fetch_one", "is_database_error", "is_database_url"]
+           "fetch_one", "for_update", "is_database_error", "is_database_url", "serialize", "serialize_tx"]
 
 
 def database(target: str | Path, **kwargs: Any) -> Database:

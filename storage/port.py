@@ -74,6 +74,36 @@ def is_database_url(value: str | Path) -> bool:
     return str(value).startswith(("postgresql://", "postgres://"))
 
 
+# -- concurrency: what a unit asks for beyond its own statements (docs/internals.md
+# "Concurrency, per store"). SQLite has one writer, so both are no-ops there; PostgreSQL runs
+# write units concurrently, each READ COMMITTED.
+
+def _lock_key(kind: str, key: Any) -> str:
+    return f"{kind}:{key}"
+
+
+def serialize(conn: Any, kind: str, key: Any) -> None:
+    """Inside a write unit: wait for, then hold until the unit commits, the lock of one
+    ``kind``/``key`` (``"user"``/an open_id, ``"conversation"``/a conv_key, ``"session"``/an id).
+    For a unit that reads a whole set (a user's facts, a conversation's sessions) and decides
+    from it: another unit about the same key waits, units about other keys do not. Take it
+    first in the unit, and at most one per unit unless the keys are taken in a fixed order."""
+    if dialect_of(conn) == "postgres":      # (sqlite3.Connection.serialize is something else)
+        conn.serialize(_lock_key(kind, key))
+
+
+async def serialize_tx(tx: Any, kind: str, key: Any) -> None:
+    """``serialize`` inside an awaited ``Database.transaction()``."""
+    if dialect_of(tx) == "postgres":
+        await tx.serialize(_lock_key(kind, key))
+
+
+def for_update(conn: Any) -> str:
+    """`` FOR UPDATE`` on PostgreSQL, nothing on SQLite: appended to a SELECT of rows the unit
+    then changes, so a concurrent unit changing them waits instead of being overwritten."""
+    return " FOR UPDATE" if dialect_of(conn) == "postgres" else ""
+
+
 @runtime_checkable
 class Transaction(Protocol):
     """What ``Database.transaction()`` yields: aiosqlite's connection shape."""

@@ -12,17 +12,22 @@ differ (placeholders, ``INSERT OR IGNORE``, ``instr``, negative ``substr``, ``LI
 rule, ids of inserted rows) once per distinct statement. What cannot be rewritten mechanically
 (search) asks ``conn.dialect`` and has a branch per engine in its store.
 
-Guarantees: a write unit is one transaction that takes a transaction-scoped advisory lock
-(``WRITE_LOCK``) before its first statement runs, so writers are serialised across every
-replica exactly as SQLite's ``BEGIN IMMEDIATE`` serialises them across processes; read units
-run concurrently, each in one REPEATABLE READ snapshot (SQLite's read transaction).
+Guarantees: there is no lock shared by every writer (issue 29). A write unit is one READ
+COMMITTED transaction; what keeps each store's writes right is the store's own means — unique
+constraints and ``ON CONFLICT``, conditional UPDATEs (a claim changes a row only while its
+WHERE still holds, re-checked by PostgreSQL on the newest row version), row locks
+(``port.for_update``) on rows a unit reads and then changes, and a per-key advisory lock
+(``port.serialize``: one user's memory, one conversation, one session) only where a unit must
+see a whole set unchanged while it decides (docs/internals.md "Concurrency, per store"). A
+deadlock or serialization failure (40P01, 40001) rolls the unit back and runs ``fn`` again, at
+most ``RETRIES`` times; inside an awaited ``transaction()`` it cannot be replayed and surfaces
+as ``RetryLater`` (a database error: the delivery layer retries the step). Read units run
+concurrently, each in one REPEATABLE READ snapshot (SQLite's read transaction).
 
 The wire (what bench/README.md §11 measured): statements go to libpq directly, adapted by
-psycopg's own Transformer, prepared per connection from their second use; a unit's BEGIN (and
-write lock) travel in one message with its first statement, so a unit of n statements is n + 1
-round trips (its COMMIT the last) and a one-statement write or read is one. The write lock is
-taken in that same message — still before the statement — so the guarantee above is unchanged;
-what changed is only that fewer replies are waited for while it is held.
+psycopg's own Transformer, prepared per connection from their second use; a unit's BEGIN
+travels in one message with its first statement, so a unit of n statements is n + 1 round
+trips (its COMMIT the last) and a one-statement write or read is one.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import re
 import threading
 import time
@@ -42,23 +48,34 @@ from psycopg import errors, pq
 from psycopg.adapt import Dumper, Loader, PyFormat, Transformer
 from psycopg_pool import ConnectionPool
 
-from storage.port import DatabaseError, DatabaseUnavailable, IntegrityError, NotSupported, SchemaTooNew
+from storage.port import DatabaseError, DatabaseUnavailable, IntegrityError, NotSupported, RetryLater, SchemaTooNew
 from storage.schema.postgres import PG_MIGRATIONS
 
 T = TypeVar("T")
-WRITE_LOCK = 0x45746861      # "Etha": the advisory lock every write transaction holds
 MIGRATE_LOCK = 0x45746862    # concurrent `ethan serve` starts migrate one at a time
 DEFAULT_POOL = 8
 # How long a unit waits for a pooled connection before it is DatabaseUnavailable (a 503 at the
 # webhook): under Lark's 3 s with room for the rest of the request, so during an outage Lark
 # gets its 503 in time and redelivers, instead of no answer at all.
 CHECKOUT_TIMEOUT = 2.5
-# Connections are in autocommit mode and transactions are begun by hand, so that BEGIN and the
-# write lock go in the message of the unit's first statement (psycopg's implicit BEGIN would be
-# a round trip of its own), and a one-statement read is one round trip with no transaction.
-_BEGIN_WRITE = f"BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()
+# Connections are in autocommit mode and transactions are begun by hand, so that BEGIN goes in
+# the message of the unit's first statement (psycopg's implicit BEGIN would be a round trip of
+# its own), and a one-statement read or write is one round trip (its own implicit transaction).
+_BEGIN_WRITE = b"BEGIN; "
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-_LOCK = f"SELECT pg_advisory_xact_lock({WRITE_LOCK}); ".encode()
+# A per-key lock held to the end of the unit's transaction. hashtextextended: 64 bits of the
+# key's text, so unrelated keys practically never share a lock (and if two did, they would only
+# wait for each other, never be wrong).
+_SERIALIZE = "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))"
+# Lost races PostgreSQL asks the client to replay: serialization_failure, deadlock_detected,
+# and lock_not_available — a lock waited for longer than LOCK_TIMEOUT. PostgreSQL sees
+# deadlocks among its own locks only; a unit blocked on a row that another replica's
+# transaction holds while *it* waits for a free connection slot or thread of its process is a
+# cycle no server can see. The lock timeout breaks it: the waiter rolls back (releasing what
+# it held) and runs again.
+RETRY_STATES = frozenset({"40001", "40P01", "55P03"})
+LOCK_TIMEOUT_MS = 2000
+RETRIES = 8
 
 
 # -- rows: sqlite3.Row's shape (by index and by name, dict(row)) ---------------------------
@@ -194,7 +211,7 @@ def translate(sql: str) -> tuple[str, bool]:
 
 @functools.lru_cache(maxsize=2048)
 def _client_template(sql: str) -> tuple[bytes, bool]:
-    """The same translation as a bytes ``%`` template for client-side binding (``write_alone``)."""
+    """The same translation as a bytes ``%`` template for client-side binding (``_bound``)."""
     q, returns_id = translate(sql)
     return q.encode(), returns_id
 
@@ -349,13 +366,14 @@ class Connection:
         tuples = res.command_tuples
         return Cursor([], -1 if tuples is None else tuples, None)
 
-    def write_alone(self, sql: str, params: Sequence[Any]) -> Cursor:
-        """One statement as a whole write transaction, in one round trip: the write lock and
-        the statement go as one simple-protocol message, which PostgreSQL runs as one implicit
-        transaction (the lock is held until it commits). So the lock is held only for the
-        server's own time — never across a reply waiting in this process for the interpreter
-        lock, which under load was most of a write unit's time (bench/README.md §11)."""
-        return self._bound(_LOCK, sql, params)
+    def serialize(self, key: str) -> None:
+        """Wait for, then hold until this transaction ends, the advisory lock of ``key``
+        (``port.serialize``). Its wait is timed into the database's lock-wait counter."""
+        t0 = time.perf_counter()
+        self.execute(_SERIALIZE, (key,))
+        stats = getattr(self.raw, "_ethan_stats", None)
+        if stats is not None:
+            stats.add_lock_wait(time.perf_counter() - t0)
 
     def _bound(self, prefix: bytes, sql: str, params: Sequence[Any]) -> Cursor:
         """``prefix; sql`` as one simple-protocol message (one round trip), the parameters bound
@@ -402,6 +420,7 @@ class Connection:
 def _configure(raw: psycopg.Connection) -> None:
     raw.adapters.register_loader("numeric", _NumericLoader)
     raw.adapters.register_dumper(bool, _BoolAsInt)
+    raw.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")   # see RETRY_STATES
 
 
 class AsyncCursor:
@@ -437,6 +456,9 @@ class AsyncTransaction:
         self._db = db
         self.conn = conn
 
+    async def serialize(self, key: str) -> None:
+        await self._db._hop(lambda: self.conn.serialize(key))
+
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> AsyncCursor:
         def run():
             cur = self.conn.execute(sql, params)
@@ -456,6 +478,44 @@ class AsyncTransaction:
 _OUTAGE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
+def _lost_race(e: BaseException) -> bool:
+    """A deadlock or serialization failure: nothing is wrong but the timing; run it again."""
+    return (getattr(e, "sqlstate", None) or "") in RETRY_STATES
+
+
+class UnitStats:
+    """Counters the benchmark reads (bench/bench_scale.py): time in units, time waiting for
+    per-key locks, replays. Updated from the worker threads; a lock keeps the sums whole."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.units = 0
+        self.unit_seconds = 0.0
+        self.lock_wait_seconds = 0.0
+        self.retries = 0
+        self.retry_seconds = 0.0
+
+    def add_unit(self, seconds: float) -> None:
+        with self._lock:
+            self.units += 1
+            self.unit_seconds += seconds
+
+    def add_lock_wait(self, seconds: float) -> None:
+        with self._lock:
+            self.lock_wait_seconds += seconds
+
+    def add_retry(self, seconds: float) -> None:
+        with self._lock:
+            self.retries += 1
+            self.retry_seconds += seconds
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return {"units": self.units, "unit_seconds": self.unit_seconds,
+                    "lock_wait_seconds": self.lock_wait_seconds, "retries": self.retries,
+                    "retry_seconds": self.retry_seconds}
+
+
 def _is_outage(e: BaseException) -> bool:
     """A lost or refused connection, whatever psycopg calls it: ``OperationalError`` (server
     closed the connection, AdminShutdown), ``InterfaceError`` (a connection already closed),
@@ -467,9 +527,69 @@ def _is_outage(e: BaseException) -> bool:
     return isinstance(e, psycopg.Error) and (state.startswith("08") or state in _OUTAGE_STATES)
 
 
+_AUTH = re.compile(r"password authentication failed|no pg_hba\.conf entry|authentication failed|"
+                   r"password is required|role \"[^\"]*\" does not exist", re.I)
+_MISSING = re.compile(r"database \"[^\"]*\" does not exist", re.I)
+
+
+def connection_kind(e: BaseException) -> str:
+    """``"auth"`` (the server refused the login), ``"missing"`` (no such database) or
+    ``"unreachable"`` (no server answered: down, restarting, wrong host or port, a timeout)."""
+    state = getattr(e, "sqlstate", None) or ""
+    text = str(e)
+    if state.startswith("28") or _AUTH.search(text):
+        return "auth"
+    if state == "3D000" or _MISSING.search(text):
+        return "missing"
+    return "unreachable"
+
+
+_SAYS = {"auth": "PostgreSQL refused the login (check the user and password in ETHAN_DATABASE_URL)",
+         "missing": "PostgreSQL has no such database (create it, or fix the name in ETHAN_DATABASE_URL)",
+         "unreachable": "PostgreSQL is unreachable"}
+
+
 def _unavailable(e: BaseException) -> DatabaseUnavailable:
+    """One line naming the kind of failure. libpq's text names host, port, user and database,
+    never the password (the password is handed to it as a parameter, never in a URL it could
+    echo: ``connect_params``)."""
     text = str(e).strip()
-    return DatabaseUnavailable(f"PostgreSQL is unreachable ({text.splitlines()[0] if text else type(e).__name__})")
+    kind = connection_kind(e)
+    err = DatabaseUnavailable(f"{_SAYS[kind]} ({text.splitlines()[0] if text else type(e).__name__})")
+    err.kind = kind    # type: ignore[attr-defined]
+    return err
+
+
+def connect_params(url: str) -> dict[str, Any]:
+    """``postgresql://user:password@host:port/db?sslmode=…`` as libpq keyword parameters.
+
+    Parsed here, not by libpq: a password with a raw space (or another character a URL should
+    have percent-encoded) made libpq's URI parser fail with the rest of the string — password
+    included — in its message, which psycopg's pool then logged at every reconnect attempt."""
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    userinfo, _, hostport = netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    params: dict[str, Any] = {}
+    if user:
+        params["user"] = unquote(user)
+    if colon:
+        params["password"] = unquote(password)
+    host, _, port = hostport.rpartition(":") if hostport.rfind(":") > hostport.rfind("]") else (hostport, "", "")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host:
+        params["host"] = unquote(host)
+    if port:
+        params["port"] = port
+    dbname = unquote(parts.path.lstrip("/"))
+    if dbname:
+        params["dbname"] = dbname
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        params[k] = v
+    return params
 
 
 class PgDatabase:
@@ -477,6 +597,7 @@ class PgDatabase:
     dialect = "postgres"
 
     def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL, connect_timeout: float = 5.0) -> None:
+        self.stats = UnitStats()
         self.url = url
         self.path = url
         self.pool_size = pool_size
@@ -484,16 +605,22 @@ class PgDatabase:
         self._pool: ConnectionPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._tx: dict[asyncio.Task, Connection] = {}   # each open transaction() by its task
+        self._slots: asyncio.Semaphore | None = None    # see _slot
         self._checking = False                          # a check of idle connections is running
 
     async def open(self) -> "PgDatabase":
         self._executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="pg")
+        self._slots = asyncio.Semaphore(self.pool_size)
+        params = connect_params(self.url)
+        timeout = max(1, int(self.connect_timeout))
         self._pool = ConnectionPool(
-            self.url, min_size=1, max_size=self.pool_size, open=False, configure=_configure,
-            kwargs={"row_factory": _row_factory, "autocommit": True,
-                    "connect_timeout": max(1, int(self.connect_timeout))},
+            "", min_size=1, max_size=self.pool_size, open=False, configure=_configure,
+            kwargs={**params, "row_factory": _row_factory, "autocommit": True, "connect_timeout": timeout},
             timeout=CHECKOUT_TIMEOUT, name="ethan")
         try:
+            # One connection of our own first: its error says what is wrong (the login, the
+            # database's name, the server), where the pool's open would only time out.
+            await self._hop(lambda: psycopg.connect(**params, connect_timeout=timeout).close())
             await self._hop(lambda: self._pool.open(wait=True, timeout=self.connect_timeout))
             await self._hop(self._migrate)
         except BaseException as e:
@@ -504,6 +631,7 @@ class PgDatabase:
         return self
 
     async def close(self) -> None:
+        self._slots = None
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await asyncio.get_running_loop().run_in_executor(self._executor, pool.close)
@@ -525,7 +653,7 @@ class PgDatabase:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
         except psycopg.Error as e:
-            if not _is_outage(e):
+            if _lost_race(e) or not _is_outage(e):
                 raise
             self._check_idle()
             raise _unavailable(e) from e
@@ -549,31 +677,75 @@ class PgDatabase:
                 self._checking = False
         threading.Thread(target=check, name="pg-check", daemon=True).start()
 
-    def _unit(self, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+    async def _slot(self) -> float:
+        """A pooled connection is checked out only by a unit that holds one of ``pool_size``
+        slots, taken here on the event loop: no worker thread ever waits for a connection, so a
+        transaction that holds a connection (and maybe a row lock others wait for) always finds
+        a thread for its next statement. The slot and the checkout together wait at most
+        ``CHECKOUT_TIMEOUT`` (a 503 in time for Lark); returns what is left for the checkout."""
+        if self._slots is None:
+            raise DatabaseError("database is not open")
+        start = time.monotonic()
+        try:
+            await asyncio.wait_for(self._slots.acquire(), CHECKOUT_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise DatabaseUnavailable(
+                f"PostgreSQL is busy: no connection free within {CHECKOUT_TIMEOUT:g} s") from None
+        return max(0.05, CHECKOUT_TIMEOUT - (time.monotonic() - start))
+
+    async def _run_unit(self, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+        slots = self._slots
+        left = await self._slot()
+        try:
+            return await self._hop(lambda: self._unit(fn, args, write, left))
+        finally:
+            slots.release()
+
+    def _unit(self, fn: Callable[..., T], args: tuple, write: bool | None,
+              checkout: float = CHECKOUT_TIMEOUT) -> T:
         """``write``: True = a write transaction; False = a read snapshot; None = one statement
-        (its own snapshot already, no transaction needed)."""
+        (its own implicit transaction). A write that lost a race (deadlock, serialization
+        failure) is rolled back and run again from the start, after a short random pause."""
         assert self._pool is not None
-        with self._pool.connection() as raw:
-            if write is None:
-                return fn(Connection(raw), *args)
-            # BEGIN (and the write lock) go with the unit's first statement; a unit that ran
-            # none has begun nothing and has nothing to commit.
-            conn = Connection(raw, _BEGIN_WRITE if write else _BEGIN_READ)
+        attempt = 0
+        while True:
+            t0 = time.perf_counter()
             try:
-                result = fn(conn, *args)
-            except BaseException:
-                if conn.begin is None:
-                    with contextlib.suppress(Exception):
-                        _simple(raw, b"ROLLBACK")
-                raise
+                with self._pool.connection(timeout=checkout) as raw:
+                    raw._ethan_stats = self.stats   # type: ignore[attr-defined]
+                    return self._once(raw, fn, args, write)
+            except psycopg.Error as e:
+                if write is False or not _lost_race(e) or attempt >= RETRIES:
+                    raise
+                attempt += 1
+                self.stats.add_retry(time.perf_counter() - t0)
+                time.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 6)))
+            finally:
+                self.stats.add_unit(time.perf_counter() - t0)
+
+    @staticmethod
+    def _once(raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+        if write is None:
+            return fn(Connection(raw), *args)
+        # BEGIN goes with the unit's first statement; a unit that ran none has begun nothing
+        # and has nothing to commit.
+        conn = Connection(raw, _BEGIN_WRITE if write else _BEGIN_READ)
+        try:
+            result = fn(conn, *args)
+        except BaseException:
             if conn.begin is None:
-                _simple(raw, b"COMMIT")
-            return result
+                with contextlib.suppress(Exception):
+                    _simple(raw, b"ROLLBACK")
+            raise
+        if conn.begin is None:
+            _simple(raw, b"COMMIT")
+        return result
 
     def _migrate(self) -> None:
         assert self._pool is not None
         with self._pool.connection() as raw:
-            raw.execute(f"BEGIN; SELECT pg_advisory_xact_lock({MIGRATE_LOCK})")
+            # a concurrent start's migration may take longer than the lock timeout: wait for it
+            raw.execute(f"BEGIN; SET LOCAL lock_timeout = 0; SELECT pg_advisory_xact_lock({MIGRATE_LOCK})")
             raw.execute("CREATE TABLE IF NOT EXISTS schema_version"
                         " (version BIGINT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)")
             current = raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
@@ -596,13 +768,13 @@ class PgDatabase:
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: fn(conn, *args))
-        return await self._hop(lambda: self._unit(fn, args, write=False))
+        return await self._run_unit(fn, args, False)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: fn(conn, *args))
-        return await self._hop(lambda: self._unit(fn, args, write=True))
+        return await self._run_unit(fn, args, True)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return (await self._write_alone(sql, params)).rowcount
@@ -611,12 +783,13 @@ class PgDatabase:
         return int((await self._write_alone(sql, params)).lastrowid or 0)
 
     async def _write_alone(self, sql: str, params: Sequence[Any]) -> Cursor:
-        """A one-statement write unit (see ``Connection.write_alone``); inside ``transaction()``
+        """A one-statement write unit (its own implicit transaction, one round trip, prepared
+        from its second use); inside ``transaction()``
         it joins that transaction."""
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: conn.execute(sql, params))
-        return await self._hop(lambda: self._unit(lambda c: c.write_alone(sql, params), (), None))
+        return await self._run_unit(lambda c: c.execute(sql, params), (), None)
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         rows = list(rows)
@@ -626,7 +799,7 @@ class PgDatabase:
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: conn.execute(sql, params).fetchall())
-        return await self._hop(lambda: self._unit(lambda c: c.execute(sql, params).fetchall(), (), None))
+        return await self._run_unit(lambda c: c.execute(sql, params).fetchall(), (), None)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()):
         rows = await self._statement(sql, params)
@@ -637,32 +810,52 @@ class PgDatabase:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:
-        """A write transaction holding one pooled connection and the write lock."""
+        """A write transaction holding one pooled connection across awaits. Its body cannot be
+        replayed from here: a lost race (deadlock, serialization failure) is ``RetryLater``."""
         assert self._pool is not None
         if self._tx_of_task() is not None:
             raise DatabaseError("nested transaction")
-        pool = self._pool
-        cm = pool.connection()
-        raw = await self._hop(cm.__enter__)
-        conn = Connection(raw)
+        pool, slots = self._pool, self._slots
+        left = await self._slot()
         try:
-            await self._hop(lambda: _simple(raw, _BEGIN_WRITE.rstrip(b"; ")))
-            task = asyncio.current_task()
-            self._tx[task] = conn
+            async with self._transaction(pool, left) as tx:
+                yield tx
+        finally:
+            slots.release()
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, pool: ConnectionPool, checkout: float) -> AsyncIterator[AsyncTransaction]:
+        cm = pool.connection(timeout=checkout)
+        raw = await self._hop(cm.__enter__)
+        raw._ethan_stats = self.stats   # type: ignore[attr-defined]
+        conn = Connection(raw)
+        t0 = time.perf_counter()
+        try:
             try:
-                yield AsyncTransaction(self, conn)
-            finally:
-                self._tx.pop(task, None)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await self._hop(lambda: _simple(raw, b"ROLLBACK"))
-            await self._hop(lambda: cm.__exit__(None, None, None))
-            raise
-        else:
-            try:
-                await self._hop(lambda: _simple(raw, b"COMMIT"))
-            finally:
+                await self._hop(lambda: _simple(raw, _BEGIN_WRITE.rstrip(b"; ")))
+                task = asyncio.current_task()
+                self._tx[task] = conn
+                try:
+                    yield AsyncTransaction(self, conn)
+                finally:
+                    self._tx.pop(task, None)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self._hop(lambda: _simple(raw, b"ROLLBACK"))
                 await self._hop(lambda: cm.__exit__(None, None, None))
+                raise
+            else:
+                try:
+                    await self._hop(lambda: _simple(raw, b"COMMIT"))
+                finally:
+                    await self._hop(lambda: cm.__exit__(None, None, None))
+        except psycopg.Error as e:
+            if _lost_race(e):
+                self.stats.add_retry(0.0)
+                raise RetryLater(f"a concurrent write won ({e.sqlstate}); rolled back, retry") from e
+            raise
+        finally:
+            self.stats.add_unit(time.perf_counter() - t0)
 
     async def schema_version(self) -> int:
         row = await self.fetchone("SELECT MAX(version) AS v FROM schema_version")

@@ -88,3 +88,63 @@ class DelayProxy:
             await sender
         finally:
             sender.cancel()
+
+
+class DelayProxyProcess:
+    """The proxy in a process of its own (``python -m tests.delay_proxy``): whoever starts it
+    (a benchmark's load generator, a test's event loop) shares no interpreter lock with it.
+
+        with DelayProxyProcess(cluster.port, 0.001) as proxy:
+            url = proxy.through(url)          # the same database, 2 ms further away
+    """
+
+    def __init__(self, target_port: int, one_way: float) -> None:
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        self.target_port = target_port
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.delay_proxy", str(target_port), str(one_way)],
+                                     cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+
+    def through(self, url: str) -> str:
+        """``url`` (a loopback PostgreSQL URL on the target port) by way of the proxy."""
+        return url.replace(f":{self.target_port}/", f":{self.port}/")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+    def __enter__(self) -> "DelayProxyProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.delay_proxy TARGET_PORT ONE_WAY_SECONDS``: a proxy in a process of its
+    own (the benchmark's load generator must not share an interpreter lock with it); prints
+    its port on the first line, runs until killed."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    target, delay = int(args[0]), float(args[1])
+
+    async def serve() -> None:
+        proxy = await DelayProxy(("127.0.0.1", target), delay=delay).start()
+        print(proxy.port, flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        import uvloop
+        uvloop.run(serve())
+    except ImportError:
+        asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -86,6 +86,19 @@ class Cluster:
     def pg_ctl(self, *args: str) -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), *args)
 
+    def password_role(self, role: str, password: str) -> None:
+        """A login role that must give ``password`` over TCP (scram; every other role keeps the
+        cluster's trust rule): for the tests of refused logins."""
+        self.admin(f"DROP ROLE IF EXISTS {role}")
+        self.admin(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD '{password}'")
+        hba = self.data / "pg_hba.conf"
+        rule = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+        text = hba.read_text()
+        if rule not in text:
+            hba.write_text(rule + text)
+            self.pg_ctl("reload")
+            time.sleep(0.2)
+
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{dbname}"
 

@@ -1,14 +1,16 @@
-"""storage/postgres.py's own wire path on a real throwaway PostgreSQL (tests/pg_cluster.py): the write
-lock held from a unit's first statement to its commit, rollback and reuse of a connection after a
+"""storage/postgres.py's own wire path on a real throwaway PostgreSQL (tests/pg_cluster.py): no lock
+shared by every writer, a per-key lock held from ``serialize`` to the unit's commit, rollback and reuse of a connection after a
 failed first statement, client-side binding of one-statement writes, prepared statements."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import psycopg
 import pytest
 
-from storage import IntegrityError, database
-from storage.postgres import WRITE_LOCK
+from storage import IntegrityError, database, serialize
 
 
 @pytest.fixture
@@ -27,42 +29,71 @@ async def one(db_target):
         await d.close()
 
 
-def _lock_is_free(url: str) -> bool:
+def _key_is_free(url: str, key: str) -> bool:
     with psycopg.connect(url, autocommit=True) as other:
-        free = other.execute(f"SELECT pg_try_advisory_lock({WRITE_LOCK})").fetchone()[0]
-        if free:
-            other.execute(f"SELECT pg_advisory_unlock({WRITE_LOCK})")
+        free = other.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (key,)).fetchone()[0]
         return free
 
 
-async def test_a_write_unit_holds_the_write_lock_from_its_first_statement_to_its_commit(one):
+async def test_a_unit_holds_its_keys_lock_from_the_call_to_its_commit_and_no_other(one):
     seen = {}
 
     def unit(conn):
-        conn.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("a", 1))      # BEGIN + lock go with it
-        seen["during"] = _lock_is_free(one.url)
+        conn.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("a", 1))      # BEGIN goes with it
+        seen["before"] = _key_is_free(one.url, "user:ou_a")
+        serialize(conn, "user", "ou_a")
+        seen["during"] = _key_is_free(one.url, "user:ou_a")
+        seen["other key"] = _key_is_free(one.url, "user:ou_b")
         conn.execute("UPDATE wire SET n = n + 1 WHERE k = ?", ("a",))
         return conn.execute("SELECT n FROM wire WHERE k = ?", ("a",)).fetchone()["n"]
 
     assert await one.write(unit) == 2
-    assert seen["during"] is False
-    assert _lock_is_free(one.url)
+    assert seen == {"before": True, "during": False, "other key": True}
+    assert _key_is_free(one.url, "user:ou_a")
     # the unit committed as one: another connection sees its end state
     with psycopg.connect(one.url, autocommit=True) as other:
         assert other.execute("SELECT n FROM wire WHERE k = 'a'").fetchone()[0] == 2
+
+
+async def test_write_units_take_no_lock_shared_by_every_writer(db_target):
+    """Two write units run at once (issue 29: the global WRITE_LOCK is gone): the first waits,
+    mid-transaction, for the second to commit — with one lock for all writers it never could."""
+    d = await database(db_target, pool_size=2).open()
+    try:
+        await d.execute("CREATE TABLE pair (k TEXT PRIMARY KEY)")
+        second_done = threading.Event()
+
+        def first(conn):
+            conn.execute("INSERT INTO pair(k) VALUES ('first')")
+            return second_done.wait(5)
+
+        def second(conn):
+            conn.execute("INSERT INTO pair(k) VALUES ('second')")
+            return True
+
+        async def later():
+            await asyncio.sleep(0.1)
+            ok = await d.write(second)
+            second_done.set()
+            return ok
+
+        assert await asyncio.gather(d.write(first), later()) == [True, True]
+    finally:
+        await d.close()
 
 
 async def test_a_failed_first_statement_rolls_back_and_the_connection_is_reused(one):
     await one.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("dup", 1))
 
     def unit(conn):
+        serialize(conn, "user", "ou_dup")
         conn.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("dup", 2))
         conn.execute("INSERT INTO wire(k, n) VALUES (?, ?)", ("never", 3))
 
     with pytest.raises(IntegrityError):
         await one.write(unit)
-    # same (only) connection: no aborted transaction left on it, the lock released
-    assert _lock_is_free(one.url)
+    # same (only) connection: no aborted transaction left on it, the key's lock released
+    assert _key_is_free(one.url, "user:ou_dup")
     assert await one.execute("UPDATE wire SET n = ? WHERE k = ?", (5, "dup")) == 1
     rows = await one.fetchall("SELECT k, n FROM wire ORDER BY k")
     assert [(r["k"], r["n"]) for r in rows] == [("dup", 5)]
@@ -83,7 +114,6 @@ async def test_one_statement_writes_raise_the_ports_integrity_error(one):
     with pytest.raises(IntegrityError):
         await one.execute("INSERT INTO wire(k) VALUES (?)", ("x",))
     assert await one.execute("INSERT OR IGNORE INTO wire(k) VALUES (?)", ("x",)) == 0
-    assert _lock_is_free(one.url)
 
 
 async def test_a_prepared_statement_keeps_answering_right_for_other_parameter_types(one):

@@ -4,14 +4,19 @@ and (for the restart test) a cluster of the test's own."""
 
 from __future__ import annotations
 
+import os
 import re
+from urllib.parse import urlsplit
 
 import pytest
 
+from tests.delay_proxy import DelayProxyProcess
 from tests.fakes.fake_anthropic import Text, running_model, user_texts
 from tests.reliability.conftest import lark  # noqa: F401 - the same fake Lark fixture
 from tests.replicas.fleet import Fleet
 
+# 2 ms a round trip between every replica and PostgreSQL (TEST_DB_ONE_WAY_S=0: straight to it)
+DB_ONE_WAY_S = float(os.environ.get("TEST_DB_ONE_WAY_S", "0.001"))
 TOKEN = re.compile(r"\b[a-z]+-c\d{2}-n\d{3}\b")
 
 
@@ -52,17 +57,30 @@ def own_database(own_cluster) -> str:
 
 @pytest.fixture
 def fleet_on(tmp_path, lark, model):   # noqa: F811
-    """``fleet_on(database_url)`` -> a Fleet; every replica is killed at teardown."""
+    """``fleet_on(database_url)`` -> a Fleet; every replica is killed at teardown. The replicas
+    reach PostgreSQL through the delay proxy (tests/delay_proxy.py: ``DB_ONE_WAY_S`` each way, a
+    database on another host), so what they promise holds with real round trips too; the
+    tests themselves read and restart the cluster directly."""
     made: list[Fleet] = []
+    proxies: dict[int, DelayProxyProcess] = {}
 
     def make(url: str, **env) -> Fleet:
-        f = Fleet(tmp_path, lark, model, url, **env)
+        port = int(urlsplit(url).port)
+        if DB_ONE_WAY_S <= 0:
+            f = Fleet(tmp_path, lark, model, url, **env)
+            made.append(f)
+            return f
+        if port not in proxies:
+            proxies[port] = DelayProxyProcess(port, DB_ONE_WAY_S)
+        f = Fleet(tmp_path, lark, model, proxies[port].through(url), **env)
         made.append(f)
         return f
 
     yield make
     for f in made:
         f.close()
+    for p in proxies.values():
+        p.close()
 
 
 @pytest.fixture
