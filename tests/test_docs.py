@@ -119,6 +119,19 @@ def test_the_scopes_of_the_readme_and_the_operations_guide_agree():
     assert table <= set(batch), f"the batch-import JSON lacks {sorted(table - set(batch))}"
 
 
+def test_every_scope_the_code_names_is_documented_in_both_places():
+    """A scope a module asks for (a log line's ``missing_scope``, an answer naming it) is in
+    the README's permission list and docs/operations.md §1, which say what happens without it."""
+    code = "\n".join(p.read_text() for p in (ROOT / "bot").rglob("*.py"))
+    named = set(re.findall(r"\b((?:im|cardkit|contact):[a-z_.]+(?::[a-z_]+)?)", code))
+    assert {"im:message.group_msg", "im:message:readonly", "im:chat:readonly"} <= named, named
+    readme = _section(README, "## Connecting Lark / Feishu")
+    guide = _section(OPERATIONS, "## 1. Create the Lark/Feishu app")
+    for name, text in (("README 'Connecting Lark / Feishu'", readme), ("docs/operations.md §1", guide)):
+        missing = sorted(sc for sc in named if f"`{sc}`" not in text)
+        assert not missing, f"{name} does not list the scopes {missing}, which bot/ names"
+
+
 def test_every_event_the_code_handles_is_documented_in_both_places():
     code = "\n".join(p.read_text() for p in (ROOT / "bot" / "lark").glob("*.py"))
     events = set(re.findall(r'"((?:im|card)\.[a-z_.]+?(?:_v\d+|\.trigger))"', code))
