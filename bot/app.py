@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import os
 import threading
@@ -27,29 +26,29 @@ from bot.agent.agent import Agent, Memory
 from bot.llm import Models, UsageBook, build_models
 from bot.commands import CommandDeps, Commands, RuntimeStats
 from bot.config import Settings
-from bot.direct import Conversations
-from bot.dispatch import Dispatcher
-from bot.handler import DirectJob, HandlerDeps, MessageHandler
+from bot.delivery.direct import Conversations
+from bot.delivery.dispatcher import Dispatcher
+from bot.handler import HandlerDeps, MessageHandler
 from bot.inbound import Inbound
-from memory.inbox import STALE_SECONDS, Inbox, InboxItem
+from bot.delivery.inbox_store import Inbox
+from bot.delivery.redelivery import Redelivery
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
 from bot.lark.lifecycle import LarkDecoder, decoded as lark_decoded
 from bot.lark.routes import NotAccepting, make_handler
 from bot.log import get_logger
-from bot.text import is_chinese
 from bot.tools import memory_tools
 from bot.tools.confirm import ToolConfirmations
 from bot.tools.lark_docs import LarkDocs
 from bot.tools.mcp import McpServers
 from bot.tools.registry import ToolRegistry
 from bot.metrics import Metrics
-from memory.outbox import Outbox
-from bot.replicas import Replicas
+from bot.delivery.outbox_store import Outbox
+from bot.delivery.replicas import Replicas
 from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
-from storage import Database, is_database_error
+from storage import Database
 from memory.models import caps
 from memory.withdraw import cancel_pending
 from bot.inflight import InFlight
@@ -65,18 +64,8 @@ log = get_logger("ethan.app")
 
 
 OFFLINE_PATH = "/_offline"
-REDELIVER_AFTER_S = 60.0   # an answer Lark did not take (the Open API down, a token problem) is tried again
 ANSWER_MARGIN_S = 15.0     # how long past the reply deadline a waiting interface still waits
-# A message whose handling hit a database error (another process holding the write lock past the
-# busy timeout, a full disk) is handled again after these delays, then every 30 s, until the
-# 30-minute rule; the user hears from us once it has taken DB_NOTICE_AFTER_S.
 HEADER_TIMEOUT_S = 15.0    # an idle connection, or one whose request head is unfinished, is closed
-DB_RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-DB_NOTICE_AFTER_S = 10.0
-DB_NOTICE = {"zh": "我这边的存储暂时出了点问题，正在重试，稍后回复你。",
-             "en": "My storage is having trouble right now; I'm retrying and will answer shortly."}
-DB_GAVE_UP = {"zh": "抱歉，存储出错，这条消息没能处理，请再发一次。",
-              "en": "Sorry — a storage error kept me from handling this message; please send it again."}
 
 
 class EthanApp:
@@ -116,12 +105,8 @@ class EthanApp:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._background: set[asyncio.Task] = set()
-        self._timers: set[asyncio.TimerHandle] = set()
-        self.redeliver_after_s = REDELIVER_AFTER_S
-        self.db_retry_delays_s = DB_RETRY_DELAYS_S
-        self.db_notice_after_s = DB_NOTICE_AFTER_S
-        self._db_failures: dict[int, list] = {}    # inbox id -> [first failure (monotonic), attempts, told]
-        self._waiting: set[int] = set()            # inbox ids a retry timer will submit again
+        # Retries, user notices and start-up recovery of acknowledged events (bot/delivery/redelivery.py).
+        self.redelivery: Redelivery | None = None
         self.replicas: Replicas | None = None      # a shared (PostgreSQL) database: leases
         self.schedules = None                      # memory.schedules.ScheduleStore
         self.reminders = None                      # bot.reminders.Reminders (tools, /reminders)
@@ -235,19 +220,22 @@ class EthanApp:
                                              bot_open_id=self.bot_open_id, runtime=self._runtime,
                                              reminders=self.reminders))
         # A PostgreSQL database may be shared by any number of replicas: rows and conversations
-        # are leased (bot/replicas.py). A SQLite file serves one process, which answers all of it.
+        # are leased (bot/delivery/replicas.py). A SQLite file serves one process, which answers all of it.
         shared = self.db.dialect == "postgres"
         self.inbox = Inbox(self.db, owner=s.replica_id, lease_seconds=s.ethan_lease_seconds,
                            conversations=shared)
+        self.redelivery = redelivery = Redelivery(self.inbox, closing=lambda: self.closing, spawn=self._spawn)
+        redelivery.in_thread = _in_thread
         if shared:
-            self.replicas = Replicas(self.inbox, lambda: self.dispatcher, waiting=lambda: self._waiting)
+            self.replicas = redelivery.replicas = Replicas(self.inbox, lambda: self.dispatcher,
+                                                           waiting=lambda: redelivery.waiting)
         self.outbox = Outbox(self.db)
         deps = HandlerDeps(
             inbox=self.inbox, agent=self.agent, commands=self.commands,
             decode=LarkDecoder(self.bot_open_id), make_reply=self._make_reply, bot_open_id=self.bot_open_id, is_admin=s.is_admin,
             respond_to_all=s.ethan_respond_to_all, names=None,
             on_ignored=lambda reason: self.metrics.ignored.labels(reason=reason).inc(),
-            on_replied=self._on_replied, retry_later=self._retry_later,
+            on_replied=self._on_replied, retry_later=redelivery.retry_later,
         )
         if s.lark_enabled:
             from bot.lark.openapi import OpenApi
@@ -256,7 +244,7 @@ class EthanApp:
             # One pooled aiohttp session, owned by OpenApi: made in this loop on the first call,
             # closed by lark_api.aclose() in stop().
             self.lark_api = OpenApi(s.lark_app_id, s.lark_app_secret, s.lark_domain, timeout=10.0)
-            self.sender = LarkSender(self.lark_api)
+            self.sender = redelivery.sender = LarkSender(self.lark_api)
         self.zones.api = self.lark_api
         # Group speakers' names: looked up in Lark when connected (the console names its own).
         self.names = deps.names = CachedNames(self.lark_api)
@@ -295,8 +283,8 @@ class EthanApp:
         self.stt = deps.stt = speech_to_text(s)
         deps.last_words = self.memory.sessions.last_user_text
         self.inflight = deps.inflight = InFlight()
-        self.handler = MessageHandler(deps)
-        self.dispatcher = Dispatcher(self._handle, max_concurrency=s.ethan_max_concurrency,
+        self.handler = redelivery.handler = MessageHandler(deps)
+        self.dispatcher = redelivery.dispatcher = Dispatcher(redelivery.handle, max_concurrency=s.ethan_max_concurrency,
                                      admit=self._admit,
                                      on_idle=self.replicas.on_idle if self.replicas is not None else None)
         self.intake = Intake(self.inbox, self.dispatcher,
@@ -322,8 +310,8 @@ class EthanApp:
         if self.indexer is not None:
             self.indexer.start()
         if self.recover_inbox:
-            await self._recover_inbox()
-        self._spawn(self._housekeeping(), "housekeeping")
+            await redelivery.recover()
+        self._spawn(redelivery.housekeeping(close_idle=self._close_idle, outbox=self.outbox), "housekeeping")
         if self.sender is not None and self.recover_inbox:    # `ethan chat` beside a server sends none
             from bot.scheduler import LarkDelivery, Scheduler
 
@@ -415,113 +403,6 @@ class EthanApp:
         if sockets:
             self.port = sockets[0].getsockname()[1]
 
-    def _retry_later(self, item: InboxItem) -> float | None:
-        """Submit an undelivered item again after ``redeliver_after_s`` (the handler's skip
-        rule ends it once the message is 30 minutes old). Timers die with the process; the
-        row is pending in the inbox, so a restart picks it up too."""
-        if self.closing or self.dispatcher is None:
-            return None
-        self._submit_later(item, self.redeliver_after_s)
-        return self.redeliver_after_s
-
-    def _submit_later(self, item: InboxItem, delay: float) -> None:
-        """The row stays this replica's meanwhile (the heartbeat renews it), so no other replica
-        answers it early; its conversation is claimed again when it runs."""
-        again = dataclasses.replace(item, attempts=item.attempts + 1, held=False)
-        self._waiting.add(item.id)
-
-        def resubmit() -> None:
-            self._timers.discard(handle)
-            self._waiting.discard(item.id)
-            if not self.closing and self.dispatcher is not None:
-                self.dispatcher.submit(again.conv_key, again)
-
-        handle = asyncio.get_running_loop().call_later(delay, resubmit)
-        self._timers.add(handle)
-
-    async def _handle(self, item: InboxItem | DirectJob) -> None:
-        """The handler, with database errors retried in this process (issue 17): the message
-        was acknowledged, so it must not wait silently for a restart that may come too late.
-        A waiting interface's message (DirectJob) was not acknowledged early: its caller hears
-        the error instead (bot/direct.py)."""
-        if isinstance(item, DirectJob):
-            await self.handler(item)
-            return
-        if self.replicas is None:
-            await self._handle_item(item)
-            return
-        try:
-            await self.replicas.handle(item, self._handle_item)
-        except Exception as e:
-            if not is_database_error(e):
-                raise
-            self._database_retry(item, e)    # claiming its conversation failed: as any DB error
-
-    async def _handle_item(self, item: InboxItem) -> None:
-        try:
-            await self.handler(item)
-        except Exception as e:
-            if not is_database_error(e):
-                raise
-            self._database_retry(item, e)
-            return
-        state = self._db_failures.pop(item.id, None)
-        if state is not None:
-            log.info("handle.db_recovered", event_id=item.event_id, message_id=item.message_id or "",
-                     chat_id=item.chat_id, inbox_id=item.id, attempts=state[1],
-                     after_s=round(time.monotonic() - state[0], 1))
-
-    def _database_retry(self, item: InboxItem, error: Exception) -> None:
-        now = time.monotonic()
-        state = self._db_failures.setdefault(item.id, [now, 0, False])
-        state[1] += 1
-        delays = self.db_retry_delays_s
-        delay = delays[min(state[1], len(delays)) - 1]
-        bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id,
-                         inbox_id=item.id)
-        detail = f"{type(error).__name__}: {error}"[:200]
-        if self.closing or self.dispatcher is None:
-            # Stays pending in the inbox: the next start answers it (if within 30 minutes).
-            bound.warning("handle.db_error", error=detail, attempt=state[1], retry_in_s=None, inbox="pending")
-            self._db_failures.pop(item.id, None)
-            return
-        if time.time() - item.create_time + delay > STALE_SECONDS:
-            # The 30-minute rule ends it: say so, never drop it silently.
-            self._db_failures.pop(item.id, None)
-            bound.error("handle.db_gave_up", error=detail, attempts=state[1],
-                        after_s=round(now - state[0], 1))
-            self._spawn(self._tell(item, DB_GAVE_UP, "dbfail", finish=True), "db-gave-up")
-            return
-        bound.warning("handle.db_error", error=detail, attempt=state[1], retry_in_s=delay, inbox="pending")
-        if not state[2] and now - state[0] + delay >= self.db_notice_after_s:
-            state[2] = True
-            self._spawn(self._tell(item, DB_NOTICE, "dbwait"), "db-notice")
-        self._submit_later(item, delay)
-
-    async def _tell(self, item: InboxItem, texts: dict, tag: str, *, finish: bool = False) -> None:
-        """A short word to the user about their message, outside the normal reply (its uuid is
-        derived from the message, so a second notice is never shown twice)."""
-        bound = log.bind(event_id=item.event_id, message_id=item.message_id or "", chat_id=item.chat_id)
-        text = texts["zh" if is_chinese(item.payload) else "en"]
-        try:
-            if item.message_id and self.sender is not None:
-                try:
-                    ev = lark_decoded(item)      # the intake's decoded event (no second parse)
-                    thread = ev is not None and ev.in_thread
-                except (ValueError, RecursionError):
-                    thread = False
-                await self.sender.reply(item.message_id, "text", {"text": text}, uuid=f"r-{item.message_id}-{tag}",
-                                        chat_id=item.chat_id, in_thread=thread)
-                bound.info("handle.user_told", notice=tag)
-            # else: no Lark transport (an item an earlier Lark-connected run left): nobody to tell
-        except Exception as e:  # noqa: BLE001 - the notice is best effort; the retry goes on
-            bound.warning("handle.user_not_told", notice=tag, error=str(e)[:200])
-        if finish:
-            try:
-                await self.inbox.finish(item.id, "failed", "database error for 30 minutes")
-            except Exception:  # noqa: BLE001 - still failing: the next start marks it stale
-                pass
-
     async def _admit(self) -> None:
         if self.intake is not None:
             await self.intake.quiet()
@@ -551,33 +432,9 @@ class EthanApp:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 300)
 
-    async def _recover_inbox(self) -> None:
-        expired = await self.inbox.expire_stale()
-        if self.replicas is not None:
-            # A shared database: only what nobody alive works (unowned, expired, or this
-            # replica's own under a fixed ETHAN_REPLICA_ID); the poll takes the rest over as
-            # leases expire.
-            answering = await self.replicas.take_over(own=True)
-        else:
-            # One process per SQLite file: everything pending is this process's to answer.
-            await self.inbox.adopt_pending()
-            pending = await self.inbox.pending()
-            for item in pending:
-                self.dispatcher.submit(item.conv_key, item)
-            answering = len(pending)
-        if answering or expired:
-            log.info("inbox.recovered", answering=answering, too_old=expired, replica=self.inbox.owner)
-
-    async def _housekeeping(self) -> None:
-        while True:
-            await asyncio.sleep(300)
-            try:
-                for info in await self.memory.sessions.close_idle():
-                    self.queue.request_episode(info)
-                await self.inbox.prune()
-                await self.outbox.prune()
-            except Exception:  # noqa: BLE001
-                log.exception("housekeeping.failed")
+    async def _close_idle(self) -> None:
+        for info in await self.memory.sessions.close_idle():
+            self.queue.request_episode(info)
 
     async def _compose_reminder(self, job) -> str:
         """A reminder that asked to be written at its time: the model, with its owner's memory
@@ -660,10 +517,8 @@ class EthanApp:
             await self.parse_pool.stop()
         if self.scheduler is not None:        # before the database and the Lark client close
             await self.scheduler.stop()
-        for timer in list(self._timers):      # their items stay pending in the inbox
-            timer.cancel()
-        self._timers.clear()
-        self._waiting.clear()
+        if self.redelivery is not None:       # retry timers: their items stay pending in the inbox
+            self.redelivery.stop()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -704,6 +559,13 @@ class EthanApp:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
+
+
+def _in_thread(item) -> bool:
+    """Whether a stored Lark item's message is in a thread: the intake's decoded event (no
+    second parse). ``ValueError`` / ``RecursionError`` for a payload that does not parse."""
+    ev = lark_decoded(item)
+    return ev is not None and ev.in_thread
 
 
 FORCE_EXIT_GRACE_S = 8.0     # default deadline 20 s + 8 < systemd's TimeoutStopSec=30

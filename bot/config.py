@@ -417,7 +417,7 @@ class Settings(BaseSettings):
 
     @property
     def replica_id(self) -> str:
-        from memory.inbox import default_replica_id
+        from memory.leases import default_replica_id
         return self.ethan_replica_id.strip() or default_replica_id()
 
     def open_database(self):

@@ -1,6 +1,6 @@
 """From a message to an answer: filter by the chat rules, then command or agent.
 
-Two kinds of job reach it, both inside the conversation's mailbox (bot/dispatch.py), so one
+Two kinds of job reach it, both inside the conversation's mailbox (bot/delivery/dispatcher.py), so one
 conversation's messages are handled in order:
 
 * an ``InboxItem`` — a Lark event acknowledged after it was stored. The transport's
@@ -13,7 +13,7 @@ conversation's messages are handled in order:
 * a ``DirectJob`` — an interface that waits for its answer (console playground, terminal
   chat, ``/chat``) hands over its ``Inbound``, its ``Reply`` and a future the handler
   resolves with the ``Outcome``. Nothing is written to the inbox: the caller is still
-  there to hear the outcome (see bot/direct.py for what replaces the inbox's guarantees).
+  there to hear the outcome (see bot/delivery/direct.py for what replaces the inbox's guarantees).
 
 Nothing here knows a transport: messages are ``bot.inbound.Inbound``, replies
 ``bot.reply.Reply``, and an answer that could not be delivered is a ``DeliveryError``.
@@ -37,7 +37,7 @@ from bot.inbound import Inbound, NotAMessage
 from bot.inflight import InFlight
 from bot.stt import Transcriber
 from bot.parse_pool import ParsePool
-from memory.inbox import STALE_SECONDS, Inbox, InboxItem
+from bot.delivery.inbox_store import STALE_SECONDS, Inbox, InboxItem
 from bot.log import get_logger
 from bot.quoting import QuoteFetch, quote_block
 from bot.reply import Capability, DeliveryError, Reply
@@ -86,13 +86,13 @@ class HeardReply:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str            # answered | ignored | stopped (| timeout, from bot/direct.py)
+    status: str            # answered | ignored | stopped (| timeout, from bot/delivery/direct.py)
     reason: str = ""       # why ignored
 
 
 @dataclass(slots=True)
 class DirectJob:
-    """A message whose sender waits for the outcome (bot/direct.py)."""
+    """A message whose sender waits for the outcome (bot/delivery/direct.py)."""
 
     inbound: Inbound
     reply: Reply

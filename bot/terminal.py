@@ -276,7 +276,7 @@ class TerminalChat:
         inbound = typed_message(transport=TERMINAL, message_id="om_cli_" + uuid.uuid4().hex,
                                 chat_id=self.chat_id, sender_id=self.user_id, text=text)
         reply = TerminalReply(self.out, progressive=self.progressive)
-        from bot.direct import NotAccepting
+        from bot.delivery.direct import NotAccepting
 
         try:
             outcome = await self.app.conversations.ask(inbound, reply)

@@ -148,7 +148,7 @@ class ConsolidationQueue:
         self._stopped = False
         self._counts: dict[str, int] = defaultdict(int)
         if owner is None:
-            from memory.inbox import default_replica_id
+            from memory.leases import default_replica_id
             owner = default_replica_id()
         self.claims = JobClaims(db, owner, lease_seconds=claim_seconds, clock=clock)
 

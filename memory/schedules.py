@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from memory.leases import default_replica_id
 from storage import dialect_of, serialize
-from memory.inbox import default_replica_id
 from memory.recurrence import next_after
 
 LEASE_SECONDS = 120.0        # longer than a model-written delivery's deadline

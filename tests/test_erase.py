@@ -20,7 +20,7 @@ def backend(request) -> str:
     """Erasure is part of the store contract: on both backends."""
     return request.param
 
-from memory.inbox import Inbox
+from bot.delivery.inbox_store import Inbox
 from memory.audit import AuditLog
 from memory.episodic import EpisodeStore
 from memory.erase import ERASED_PAYLOAD, erase_user, find_user

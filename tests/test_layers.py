@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TRANSPORT_NEUTRAL = ["bot/handler.py", "bot/lifecycle.py", "bot/commands.py", "bot/inbound.py", "bot/reply.py", "bot/direct.py",
+TRANSPORT_NEUTRAL = ["bot/handler.py", "bot/lifecycle.py", "bot/commands.py", "bot/inbound.py", "bot/reply.py", "bot/delivery/direct.py",
                      "bot/text.py", "bot/terminal.py", "bot/web/playground.py", "bot/web/chat.py",
                      "bot/web/api.py", "bot/web/data.py"]
 

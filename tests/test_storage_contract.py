@@ -1,6 +1,9 @@
-"""No SQL outside memory/ (issue 16, SEAMS seam 4): read from the source, so a query added to
-bot/ fails here rather than in review — and a query that only SQLite accepts never ships in a
-module the PostgreSQL store suites do not run.
+"""No SQL outside memory/ and the delivery stores (issue 16, SEAMS seam 4; issue 28): read from
+the source, so a query added to bot/ fails here rather than in review — and a query that only
+SQLite accepts never ships in a module the PostgreSQL store suites do not run.
+
+The one exception is declared: the delivery spine's own stores, ``bot/delivery/*_store.py``
+(the inbox and the outbox), whose contract tests run on both backends (tests/delivery).
 
 A statement is recognised by its shape in any string literal (f-strings included), and a
 database call by its method name; bot/ may still catch sqlite3's exception classes.
@@ -44,8 +47,17 @@ def findings(path: Path) -> list[str]:
     return out
 
 
+# The store modules of bot/ (SQL over the Database port, run on both backends by tests/delivery).
+STORE_MODULES = ("bot/delivery/*_store.py",)
+
+
+def store_modules() -> set[Path]:
+    return {p for pattern in STORE_MODULES for p in ROOT.glob(pattern)}
+
+
 def test_no_sql_outside_memory():
-    files = sorted((ROOT / "bot").rglob("*.py"))     # every module, no exceptions
+    stores = store_modules()
+    files = sorted(p for p in (ROOT / "bot").rglob("*.py") if p not in stores)   # every other module
     assert len(files) > 30
     found = {str(p.relative_to(ROOT)): f for p in files if (f := findings(p))}
     assert not found, ("SQL and database calls belong in a memory/ store (over the Database "
@@ -70,3 +82,19 @@ def test_the_detector_sees_what_bot_used_to_hold(tmp_path):
                      "    out.write('Select a user from the list, then update the rules.')\n"
                      "    return isinstance(e, sqlite3.Error)\n")
     assert findings(clean) == []
+
+
+def test_the_declared_store_modules_are_the_delivery_stores_and_hold_the_sql():
+    """The exception is exactly the inbox and outbox stores: a new bot/ module with SQL in it is
+    not let through by a wide pattern, and each declared store really is one (SQL found)."""
+    names = sorted(str(p.relative_to(ROOT)) for p in store_modules())
+    assert names == ["bot/delivery/inbox_store.py", "bot/delivery/outbox_store.py"], names
+    for p in store_modules():
+        assert findings(p), f"{p.relative_to(ROOT)} is declared a store but holds no SQL"
+
+
+def test_the_delivery_store_contract_tests_run_on_both_backends():
+    """tests/delivery's `backend` is parametrised over both, and its lease tests use `db`."""
+    conftest = (ROOT / "tests/delivery/conftest.py").read_text()
+    assert "params=BACKENDS" in conftest
+    assert "db" in (ROOT / "tests/delivery/test_leases.py").read_text()

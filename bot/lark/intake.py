@@ -15,8 +15,8 @@ from typing import Awaitable, Callable
 
 from pydantic import ValidationError
 
-from bot.dispatch import Dispatcher
-from memory.inbox import STALE_SECONDS, Inbox
+from bot.delivery.dispatcher import Dispatcher
+from bot.delivery.inbox_store import STALE_SECONDS, Inbox
 from bot.lark import events
 from bot.lark.events import Envelope
 from bot.lark.normalize import has_surrogates, scrub

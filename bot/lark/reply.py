@@ -29,7 +29,7 @@ from bot.lark.sender import LarkSender
 from bot.reply import Capability, DeliveryError, ReplyBase
 
 if TYPE_CHECKING:
-    from memory.outbox import CardLedger
+    from bot.delivery.outbox_store import CardLedger
 
 GIVE_UP = (Category.PERMISSION, Category.BAD_REQUEST)   # Lark will not take this answer later either
 WORKING_AFTER_S = 1.0          # the "typing" reaction appears only when an answer takes longer

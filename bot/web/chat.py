@@ -19,7 +19,7 @@ the first is running waits for the same answer; a retry afterwards (within 24 h,
 process) gets the same body; after a restart the message's id — derived from user and key —
 is already in its session, so the stored answer is replayed (the model is not asked again),
 or, when the first attempt died before answering, the message is answered now without being
-stored twice. The same key with another body is refused (422). See bot/direct.py.
+stored twice. The same key with another body is refused (422). See bot/delivery/direct.py.
 
 The token holder is an operator speaking for ``user_id``: admin commands only when that user is
 in ETHAN_ADMINS and ``as_admin`` is true (403 when it is not an admin); commands are audited
@@ -50,7 +50,7 @@ from aiohttp import web
 from memory.audit import AuditLog
 from memory.chat_events import conversation_of_message
 
-from bot.direct import NotAccepting
+from bot.delivery.direct import NotAccepting
 from bot.inbound import WEB_API, typed_message
 from memory.scope import conversation_key
 from bot.llm.health import problem_setting

@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from bot.agent.agent import Memory
-from bot.direct import Conversations
+from bot.delivery.direct import Conversations
 from bot.log import get_logger
 from bot.web.auth import ConsoleAuth
 from memory.forget import forget_fact

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any
 
-from bot.direct import NotAccepting
+from bot.delivery.direct import NotAccepting
 from bot.inbound import CONSOLE, Mention, typed_message
 from bot.log import get_logger
 from bot.reply import Capability, ReplyBase

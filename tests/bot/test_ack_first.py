@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from memory.inbox import Inbox
+from bot.delivery.dispatcher import Dispatcher
+from bot.delivery.inbox_store import Inbox
 from bot.lark.intake import Intake
 from storage import Database
 from storage.sqlite import SqliteDatabase

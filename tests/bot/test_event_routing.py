@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from bot import lifecycle
-from bot.dispatch import Dispatcher
+from bot.delivery.dispatcher import Dispatcher
 from bot.inbound import Inbound
 from bot.lark import events
 from bot.lark.intake import Intake
 from bot.lark.lifecycle import LarkDecoder
-from memory.inbox import Inbox
+from bot.delivery.inbox_store import Inbox
 from storage.sqlite import SqliteDatabase
 from tests.fakes import lark_events as le
 

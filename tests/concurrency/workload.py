@@ -13,7 +13,7 @@ import sys
 
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
-from memory.inbox import Inbox
+from bot.delivery.inbox_store import Inbox
 from memory.profile import IDENTITY, ProfileStore
 from memory.scope import Scope
 from memory.sessions import SessionStore

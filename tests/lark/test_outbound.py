@@ -25,7 +25,7 @@ from bot.lark.outbound import (
     render,
     split_text,
 )
-from memory.outbox import Outbox
+from bot.delivery.outbox_store import Outbox
 from storage.sqlite import SqliteDatabase
 from tests.fakes.fake_lark import FakeLark, chat_rate_limited, rate_limited, server_error
 

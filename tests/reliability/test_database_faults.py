@@ -3,7 +3,7 @@
 Another process holding SQLite's write lock (``BEGIN IMMEDIATE`` on the same file) past the
 busy timeout, or a full disk, made the handler fail; the row stayed ``pending`` with no retry
 in the running process and no word to the user. Now it is handled again in-process with
-backoff (bot/app.py, ``EthanApp._handle``), the user is told when it takes long, and the log
+backoff (bot/delivery/redelivery.py, ``Redelivery.handle``), the user is told when it takes long, and the log
 lines carry the ids. The faults are real: a second connection on the file, a full tmpfs.
 """
 
@@ -60,7 +60,7 @@ def _chat(req: dict) -> bool:
 async def _lock_case(tmp_path, logs, *, notice_after: float):
     hold = BUSY_TIMEOUT_MS / 1000 + 2          # past the busy timeout: a real "database is locked"
     async with Harness(tmp_path) as h:
-        h.app.db_notice_after_s = notice_after
+        h.app.redelivery.db_notice_after_s = notice_after
         responder = LockWhileAnswering(h.app.settings.db_path, hold)
         h.model.on(lambda req: True, responder)
         ev = await h.send_text("请记住我明天去上海")
@@ -144,7 +144,7 @@ async def test_database_errors_until_the_30_minute_rule_end_with_a_word_to_the_u
     """A message whose handling keeps failing is not dropped silently when the 30-minute rule
     ends it: the user is told, the row is finished, the log says so with its ids."""
     async with Harness(tmp_path) as h:
-        h.app.db_retry_delays_s = (0.2,)
+        h.app.redelivery.db_retry_delays_s = (0.2,)
         conn = sqlite3.connect(str(h.app.settings.db_path), timeout=10, check_same_thread=False)
         # Created 29 min 59 s ago: accepted, and the first retry would pass the 30-minute mark.
         ev = await h.send_text("快过期的消息", create_time_ms=int((time.time() - 30 * 60 + 1.5) * 1000))

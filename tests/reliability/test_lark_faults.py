@@ -83,7 +83,7 @@ async def test_token_rejected_twice_gives_up_with_a_log_line(tmp_path, logs):
         row = await h.app.db.fetchone("SELECT status FROM inbox WHERE message_id = ?", (_mid(ev),))
         assert row["status"] == "pending"                      # a token problem may pass: replayed at start
         [undelivered] = logs.events("reply.undelivered")
-        assert undelivered["inbox"] == "pending" and undelivered["retry_in_s"] == h.app.redeliver_after_s
+        assert undelivered["inbox"] == "pending" and undelivered["retry_in_s"] == h.app.redelivery.redeliver_after_s
         # The bot is not stuck: the next message is answered.
         ev2 = await h.send_text("third question", **ALICE)
         await _answered_once(h, ev2)
@@ -93,7 +93,7 @@ async def test_undelivered_answer_is_tried_again_in_the_running_process(tmp_path
     """The answer was stored but Lark did not take it (token rejected twice): a while later the
     same process sends it again — the stored answer, not a second model call — once."""
     async with Harness(tmp_path) as h:
-        h.app.redeliver_after_s = 0.5
+        h.app.redelivery.redeliver_after_s = 0.5
         await h.send_text("warm up", **ALICE)
         await h.replies(1)
         await h.idle()

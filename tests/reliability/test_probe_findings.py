@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from memory.inbox import Inbox
+from bot.delivery.inbox_store import Inbox
 from tests.fakes.lark_events import encrypt, make_text_event, sign
 from tests.harness import ENCRYPT_KEY, VERIFICATION_TOKEN, Harness
 from tests.reliability.support import deliveries_by_trigger

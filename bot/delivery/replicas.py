@@ -1,6 +1,6 @@
 """N replicas on one database (DESIGN.md §7, docs/reliability.md "Replicas").
 
-The leases themselves are the inbox store's (memory/inbox.py); this is the process's side:
+The leases themselves are the inbox store's (bot/delivery/inbox_store.py); this is the process's side:
 
 - ``handle``: before a stored event is answered, this replica holds its conversation's lease
   (already held — no round trip — or claimed now). Held elsewhere, the row is left unowned for
@@ -28,9 +28,9 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable
 
-from bot.dispatch import Dispatcher
+from bot.delivery.dispatcher import Dispatcher
 from bot.log import get_logger
-from memory.inbox import Inbox, InboxItem
+from bot.delivery.inbox_store import Inbox, InboxItem
 
 log = get_logger("ethan.replicas")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from bot.dispatch import Dispatcher
+from bot.delivery.dispatcher import Dispatcher
 from bot.handler import DirectJob, Outcome
 from bot.inbound import Inbound
 from bot.reply import Reply

@@ -19,25 +19,18 @@ the replica that does.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory.leases import default_replica_id
 from storage import Database
 
 KEEP_SECONDS = 24 * 3600
 STALE_SECONDS = 30 * 60
 LEASE_SECONDS = 15.0
 ORPHAN_BATCH = 200        # pending rows one poll takes over at most (the next poll takes more)
-
-
-def default_replica_id() -> str:
-    """``<hostname>:<pid>``: unique per process on a host, and a restarted process is a new
-    replica (its predecessor's leases expire; nothing waits for a pid to come back)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True, slots=True)

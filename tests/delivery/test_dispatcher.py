@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bot.dispatch import Dispatcher
+from bot.delivery.dispatcher import Dispatcher
 
 
 async def test_order_within_conversation_and_parallel_across():

@@ -1,4 +1,4 @@
-"""Replicas' leases in the stores (memory/inbox.py, memory/consolidation_queue.py), on SQLite
+"""Replicas' leases in the stores (bot/delivery/inbox_store.py, memory/consolidation_queue.py), on SQLite
 and PostgreSQL: who may claim an inbox row, a conversation, a consolidation job; expiry;
 heartbeat renewal; and that of many concurrent claimers exactly one wins."""
 
@@ -15,7 +15,7 @@ from memory.consolidator import EXTRACT_TOOL, SUMMARY_TOOL, Consolidator
 from storage import database
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
-from memory.inbox import Inbox
+from bot.delivery.inbox_store import Inbox
 from memory.modes import ModeStore
 from memory.models import route_consolidation_model
 from memory.profile import ProfileStore

@@ -9,7 +9,7 @@ Work that was cancelled is still pending in the inbox and is answered on next st
 
 ``on_idle(conv_key)``, when given, is asked for more work before a conversation's worker
 exits (replicas: the conversation's lease holder answers what other replicas stored for it,
-then releases the lease — bot/replicas.py).
+then releases the lease — bot/delivery/replicas.py).
 """
 
 from __future__ import annotations

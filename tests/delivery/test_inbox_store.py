@@ -1,4 +1,4 @@
-"""memory.inbox: acknowledged means committed; group commit under a burst; dedup inside a batch."""
+"""bot.delivery.inbox_store: acknowledged means committed; group commit under a burst; dedup inside a batch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from memory.inbox import Inbox
+from bot.delivery.inbox_store import Inbox
 from storage.sqlite import SqliteDatabase
 from tests.round_trips import counting_round_trips
 
