@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from array import array
+from operator import mul
 import logging
 import math
 import sqlite3
@@ -39,6 +41,7 @@ from memory.embedding import Embedder, EmbeddingError, pack
 log = logging.getLogger(__name__)
 
 SUMMARY_SEQ = -1
+FALLBACK_VERSION = "python-fallback"
 BATCH_TEXTS = 16             # texts per embedding call
 EPISODES_PER_ROUND = 8       # episodes read per indexing round
 IDLE_POLL_S = 5.0            # how often an idle indexer looks for episodes without vectors
@@ -77,17 +80,36 @@ def sqlite_vec_loads(conn: Any) -> bool:
         return False
 
 
-def ensure_vec(conn: Any) -> None:
-    """``vec_distance_cosine`` on this SQLite connection: sqlite-vec's, else the same in Python.
+def ensure_vec(conn: Any) -> bool:
+    """``vec_distance_cosine`` on this SQLite connection: True when it is sqlite-vec's; else the
+    same function in Python is registered (for any SQL that names it) and False is returned.
     (Probed per call: sqlite3 connections take no weak references, and ids are reused.)"""
     try:
-        conn.execute("SELECT vec_version()").fetchone()
-        return
+        return conn.execute("SELECT vec_version()").fetchone()[0] != FALLBACK_VERSION
     except sqlite3.OperationalError:
         pass
-    if not sqlite_vec_loads(conn):
-        conn.create_function("vec_distance_cosine", 2, _cosine_distance, deterministic=True)
-        conn.create_function("vec_version", 0, lambda: "python-fallback", deterministic=True)
+    if sqlite_vec_loads(conn):
+        return True
+    conn.create_function("vec_distance_cosine", 2, _cosine_distance, deterministic=True)
+    conn.create_function("vec_version", 0, lambda: FALLBACK_VERSION, deterministic=True)
+    return False
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+        return numpy
+    except ImportError:       # numpy comes with the local model; a remote model needs none
+        return None
+
+
+def _dot_with(query: Sequence[float]):
+    q = array("f", query)
+    def dot(blob: bytes) -> float | None:
+        v = array("f")
+        v.frombytes(blob)
+        return sum(map(mul, v, q)) if len(v) == len(q) else None
+    return dot
 
 
 def _has_pgvector(conn: Any) -> bool:
@@ -119,13 +141,37 @@ def nearest(conn: Any, where: list[str], params: list[Any], model: str, query: S
             f" JOIN episodes e ON e.id = v.episode_id WHERE v.model = ? AND {cond}"
             " ORDER BY sim DESC, v.episode_id DESC, v.seq LIMIT ?",
             [list(map(float, query)), model, *params, depth]).fetchall()
-    else:
-        ensure_vec(conn)
+    elif ensure_vec(conn):
         rows = conn.execute(
             "SELECT v.episode_id AS eid, v.seq AS seq, 1.0 - vec_distance_cosine(v.vec, ?) AS sim"
             f" FROM episode_vectors v JOIN episodes e ON e.id = v.episode_id WHERE v.model = ? AND {cond}"
             " ORDER BY sim DESC, v.episode_id DESC, v.seq LIMIT ?",
             [pack(query), model, *params, depth]).fetchall()
+    else:
+        # No sqlite-vec: the same cosine (unit vectors: a dot product) over the user's rows in
+        # one matrix product when numpy is there (a SQL function per row cost ~40 µs a row),
+        # else per row with the query unpacked once
+        np = _numpy()
+        if np is not None:
+            got = conn.execute(
+                "SELECT v.episode_id AS eid, v.seq AS seq, v.vec AS vec FROM episode_vectors v"
+                f" JOIN episodes e ON e.id = v.episode_id WHERE v.model = ? AND {cond}",
+                [model, *params]).fetchall()
+            q = np.asarray(query, dtype="<f4")
+            keep = [r for r in got if len(r["vec"]) == 4 * len(q)]
+            if not keep:
+                return []
+            # einsum, not @: a matrix-vector product this small is slower in BLAS threads under load
+            sims = np.einsum("ij,j->i", np.frombuffer(b"".join(r["vec"] for r in keep), dtype="<f4")
+                             .reshape(len(keep), len(q)), q)
+            order = sorted(range(len(keep)), key=lambda i: (-float(sims[i]), -keep[i]["eid"], keep[i]["seq"]))
+            return [(int(keep[i]["eid"]), int(keep[i]["seq"]), float(sims[i])) for i in order[:depth]]
+        conn.create_function("ethan_vec_dot", 1, _dot_with(query), deterministic=True)
+        rows = conn.execute(
+            "SELECT v.episode_id AS eid, v.seq AS seq, ethan_vec_dot(v.vec) AS sim"
+            f" FROM episode_vectors v JOIN episodes e ON e.id = v.episode_id WHERE v.model = ? AND {cond}"
+            " ORDER BY sim DESC, v.episode_id DESC, v.seq LIMIT ?",
+            [model, *params, depth]).fetchall()
     return [(int(r["eid"]), int(r["seq"]), float(r["sim"] or 0.0)) for r in rows]
 
 
