@@ -32,6 +32,7 @@ from bot.handler import HandlerDeps, MessageHandler
 from bot.inbound import Inbound
 from bot.delivery.inbox_store import Inbox
 from bot.delivery.redelivery import Redelivery
+from bot.lark.card_clicks import CardClicks
 from bot.lark.intake import Intake
 from bot.lark.names import CachedNames
 from bot.lark.lifecycle import LarkDecoder, decoded as lark_decoded
@@ -43,6 +44,7 @@ from bot.tools.lark_docs import LarkDocs
 from bot.tools.mcp import McpServers
 from bot.tools.registry import ToolRegistry
 from bot.metrics import Metrics
+from memory import chat_events
 from bot.delivery.outbox_store import Outbox
 from bot.delivery.replicas import Replicas
 from bot.reply import Reply
@@ -256,7 +258,7 @@ class EthanApp:
         deps.events = Lifecycle(LifecycleDeps(
             db=self.db, finish=self.inbox.finish, run_command=self.commands.run,
             actions=LarkActions(self.sender, self.lark_api) if self.sender is not None else None,
-            recall_replies=s.ethan_recall_replies))
+            recall_replies=s.ethan_recall_replies, confirm_ttl_s=s.ethan_confirm_card_minutes * 60))
         if self.lark_api is not None:
             from bot.lark.resources import LarkFetcher
 
@@ -290,7 +292,8 @@ class EthanApp:
         self.intake = Intake(self.inbox, self.dispatcher,
                              on_event=lambda status: self.metrics.events.labels(status=status).inc(),
                              on_recall=self._on_recall,
-                             on_tool_click=self.confirmations.click)
+                             on_tool_click=self.confirmations.click,
+                             on_card_click=CardClicks(self.db, ttl_s=s.ethan_confirm_card_minutes * 60).decide)
         if s.lark_enabled:
             self._spawn(self._resolve_identity(), "identity")
             if s.lark_transport == "ws":
@@ -497,6 +500,7 @@ class EthanApp:
         if self.settings.ethan_recall_replies and self.outbox is not None:
             reply.record_sent = self.outbox.text_sent
         reply.tool_confirmations, reply.asker = self.confirmations, inbound.sender_id
+        reply.record_confirm_card = lambda mid, user: chat_events.confirm_card_sent(self.db, mid, user)
         return reply
 
     # -- stop ------------------------------------------------------------------------

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     # The long connection never gives up (bot/lark/ws.py): once Lark's ReconnectCount is used
     # up, or the credentials are refused, it tries again forever, the pause doubling up to this.
     ethan_ws_retry_max_s: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
+    # A destructive command's confirm card acts this long after it was sent; a later click
+    # gets "this card has expired" and runs nothing (bot/lark/card_clicks.py).
+    ethan_confirm_card_minutes: float = Field(default=10.0, gt=0, le=24 * 60, allow_inf_nan=False)
 
     # Models (DESIGN §3): a model is named `model` (on ETHAN_PROVIDER) or `provider:model`
     anthropic_api_key: str = ""

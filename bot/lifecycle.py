@@ -26,6 +26,7 @@ The decisions:
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -128,6 +129,7 @@ class LifecycleDeps:
     actions: ChatActions | None = None              # None: no transport to act in
     recall_replies: bool = False                    # ETHAN_RECALL_REPLIES
     transport: str = "lark"                         # the confirmed command's Inbound.transport
+    confirm_ttl_s: float = 600.0                    # ETHAN_CONFIRM_CARD_MINUTES × 60 (bot/lark/card_clicks.py)
 
 
 class Lifecycle:
@@ -214,14 +216,26 @@ class Lifecycle:
             await self.d.finish(item.id, "ignored", "not an Ethan button")
             return
         bound = bound.bind(user_id=clicker, card_message_id=card_mid)
-        if clicker != ev.asked_by:
-            bound.info("card.refused", reason="not the user who asked", asked_by=ev.asked_by)
-            await audit.record(self.d.db, clicker, "card.confirm", target=ev.command[:200],
-                               chat_id=ev.chat_id, detail="not the user who asked", allowed=False)
-            await self.d.finish(item.id, "ignored", "click by another user")
-            return
         outcome = "confirmed" if ev.button == CONFIRM else "cancelled"
-        if not await chat_events.claim_card(self.d.db, card_mid, clicker, outcome):
+        # Intake decided the click (bot/lark/card_clicks.py: the confirm-card ledger, the user
+        # asked, the TTL, first click only) and finished every row but the deciding one. Checked
+        # again here from the ledger — never from the button's value — for a row intake did not
+        # decide (one stored by an older version).
+        card = await chat_events.confirm_card(self.d.db, card_mid)
+        if card is None or clicker != card.user_id:
+            note = "not a card Ethan sent" if card is None else "click by another user"
+            bound.info("card.refused", reason=note, asked_by=card.user_id if card else "")
+            await audit.record(self.d.db, clicker, "card.confirm", target=ev.command[:200],
+                               chat_id=ev.chat_id, detail=note, allowed=False)
+            await self.d.finish(item.id, "ignored", note)
+            return
+        if card.outcome == chat_events.ASKED:
+            if not await chat_events.claim_card(self.d.db, card_mid, clicker, outcome,
+                                                sent_after=time.time() - self.d.confirm_ttl_s):
+                bound.info("card.already_decided")
+                await self.d.finish(item.id, "ignored", "card already decided or expired")
+                return
+        elif card.outcome != outcome:
             bound.info("card.already_decided")
             await self.d.finish(item.id, "ignored", "card already decided")
             return

@@ -7,6 +7,7 @@ kept in the database so that a restart (or another replica) does not answer ther
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from storage import Database
 
@@ -18,12 +19,44 @@ async def first_greeting(db: Database, chat_id: str, kind: str) -> bool:
         (chat_id, kind, time.time())) > 0
 
 
-async def claim_card(db: Database, card_message_id: str, user_id: str, outcome: str) -> bool:
-    """True for the first click that decides the card; later clicks (a second click, a
-    redelivery under a new event id) find it decided."""
-    return await db.execute(
+# The confirm-card ledger: a card the bot sent is recorded (outcome 'asked', ``at`` = when it
+# was sent, ``user_id`` = who was asked) right after Lark accepted it; a click acts only on a
+# recorded card, by that user, within the TTL, once.
+ASKED = "asked"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmCard:
+    card_message_id: str
+    user_id: str          # who was asked (only their click acts)
+    outcome: str          # asked | confirmed | cancelled | expired
+    at: float             # when the card was sent
+
+
+async def confirm_card_sent(db: Database, card_message_id: str, user_id: str, *, at: float | None = None) -> None:
+    """The bot sent a confirm card asking ``user_id``: its buttons may act (once, in time)."""
+    await db.execute(
         "INSERT INTO card_confirmations(card_message_id, user_id, outcome, at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT DO NOTHING", (card_message_id, user_id, outcome, time.time())) > 0
+        " ON CONFLICT DO NOTHING", (card_message_id, user_id, ASKED, time.time() if at is None else at))
+
+
+async def confirm_card(db: Database, card_message_id: str) -> ConfirmCard | None:
+    """The ledger's record of a confirm card; None: not a card the bot sent (or one sent before
+    the ledger, or pruned)."""
+    row = await db.fetchone(
+        "SELECT card_message_id, user_id, outcome, at FROM card_confirmations WHERE card_message_id = ?",
+        (card_message_id,))
+    return None if row is None else ConfirmCard(row["card_message_id"], row["user_id"], row["outcome"], row["at"])
+
+
+async def claim_card(db: Database, card_message_id: str, user_id: str, outcome: str, *,
+                     sent_after: float) -> bool:
+    """True for the first click that decides the card — by the user asked, on a card sent after
+    ``sent_after`` (the TTL); later clicks (a second click, a redelivery under a new event id,
+    another replica) find it decided. One conditional statement: atomic on both engines."""
+    return await db.execute(
+        "UPDATE card_confirmations SET outcome = ? WHERE card_message_id = ? AND user_id = ?"
+        " AND outcome = ? AND at >= ?", (outcome, card_message_id, user_id, ASKED, sent_after)) > 0
 
 
 async def chat_left(db: Database, chat_id: str) -> None:

@@ -74,6 +74,7 @@ from storage import Database, dialect_of
 from memory.embedding import Embedder, EmbeddingError
 from memory.reltime import day_of, resolve
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
+from memory.chunks import CHUNK_LINES, CHUNK_STRIDE, session_lines
 from memory.tokenizer import CJK as _CJK
 from memory.tokenizer import index_terms, is_common_zh, is_warm, search_terms
 from memory.tokenizer import prepare as _prepare, stem as _stem, words as _words
@@ -91,8 +92,6 @@ DEFAULT_METHOD = "rrf"
 MAX_IMPORT_SUMMARY_CHARS = 100_000   # an import accepts long text (cut to MAX_SUMMARY_CHARS, not refused)
 MAX_BODY_LINES = 400       # turns indexed per session (the newest kept beyond this)
 MAX_BODY_LINE_CHARS = 1000
-CHUNK_LINES = 6            # lines ("speaker: text") per chunk of a session's turns
-CHUNK_STRIDE = 5           # chunks overlap by one line, so an exchange is not cut in two
 RRF_K = 60                 # reciprocal-rank fusion constant (Cormack et al.)
 RANK_DEPTH = 50            # how deep each ranking (summary, turns) is read before fusion
 
@@ -920,15 +919,6 @@ def _credit(words: list[tuple[str, set[str]]], weights: dict[str, float], terms:
             continue
         hit.append(word)
     return credit, frozenset(hit)
-
-
-def session_lines(chunks: list[str]) -> list[str]:
-    """A session's indexed lines in order, from its overlapping chunks."""
-    lines: list[str] = []
-    for i, text in enumerate(chunks):
-        part = text.split("\n")
-        lines.extend(part if i == 0 else part[CHUNK_LINES - CHUNK_STRIDE:])
-    return lines
 
 
 def evidence_lines(words: list[tuple[str, set[str]]], weights: dict[str, float],

@@ -2,7 +2,7 @@
 
 Table ``episode_vectors`` (schema v11): per episode and embedding model, one unit vector for
 the summary (``seq`` -1) and one per indexed line of what was said (``seq`` = the line's place
-in ``episodic.session_lines``), so a match points at the line to show as evidence.
+in ``chunks.session_lines``), so a match points at the line to show as evidence.
 
 * SQLite: float32 BLOBs in sqlite-vec's format, ranked by its ``vec_distance_cosine``. Where
   Python's sqlite3 cannot load extensions (builds without ``enable_load_extension``, as the
@@ -36,6 +36,7 @@ import time
 from typing import Any, Sequence
 
 from storage import Database, dialect_of
+from memory.chunks import session_lines
 from memory.embedding import Embedder, EmbeddingError, pack
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,6 @@ def _pending(conn: Any, model: str, limit: int) -> list[int]:
 
 def _texts(conn: Any, episode_id: int) -> tuple[str, list[str], str] | None:
     """(summary, lines, digest) of an episode as it is now; None when it is gone."""
-    from memory.episodic import session_lines     # episodic imports this module
-
     row = conn.execute("SELECT summary FROM episodes WHERE id = ?", (episode_id,)).fetchone()
     if row is None:
         return None

@@ -1,10 +1,18 @@
-"""Who may import whom (DESIGN.md §2, issue 18): read from the source, so a new import that
-breaks a seam fails here rather than in review.
+"""Who may import whom (DESIGN.md §2, issues 18 and 28): read from the source, so a new import
+that breaks a seam fails here rather than in review.
 
 - The handler, the commands, the neutral message and the reply interface know no transport:
   nothing from ``bot/lark/`` or the composition root ``bot/app.py``.
 - The interfaces that are peers of Lark (console playground, terminal chat, ``/chat``) do not
   reach into Lark's package either.
+- memory/ and the storage engine never import bot/, lark-oapi or aiohttp.
+- SQL only in store modules over the port: the engine (storage/), memory/'s stores and the
+  declared bot/ stores, each importing the port (``storage``).
+- The drivers (aiosqlite, psycopg, psycopg_pool) only in the engine package.
+- Nothing imports bot/app.py (the composition root) but the entry points.
+- No module cycle in the import graph of bot/, memory/ and storage/ (lazy imports included).
+
+Each rule is seen failing on a small tree that breaks it (``test_each_rule_sees_its_break``).
 """
 
 from __future__ import annotations
@@ -40,3 +48,192 @@ def test_transport_neutral_modules_do_not_import_lark_or_the_app(rel):
         bad |= {m for m in imports(ROOT / rel) if m == "bot.app"}
     assert not bad, f"{rel} imports {sorted(bad)}"
 
+
+
+# -- the storage port, the engine, the composition root, no cycles (issue 28) --------------------
+
+PRODUCT = ("bot", "memory", "storage")
+ENGINE = "storage"                    # the storage engine package: the drivers live here only
+DRIVERS = {"aiosqlite", "psycopg", "psycopg_pool", "asyncpg"}
+# Store modules outside memory/: the delivery spine's own stores (tests/test_storage_contract.py).
+BOT_STORES = ("bot/delivery/*_store.py",)
+ENTRY_POINTS = {"bot/cli.py", "bot/terminal.py"}     # `ethan serve`, `ethan chat`: they start the app
+
+
+def product_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for pkg in PRODUCT for p in (root / pkg).rglob("*.py"))
+
+
+def _rel(p: Path, root: Path = ROOT) -> str:
+    return p.relative_to(root).as_posix()
+
+
+def sql_misplaced(root: Path = ROOT) -> dict[str, list[str]]:
+    """Modules holding SQL (or database calls) that are not store modules over the port: SQL is
+    the engine's (storage/) or a store's — a memory/ module or a declared bot/ store — and a
+    store reaches the database through the port (it imports ``storage``)."""
+    from tests.test_storage_contract import findings
+
+    stores = {p for pattern in BOT_STORES for p in root.glob(pattern)}
+    out = {}
+    for p in product_files(root):
+        rel = _rel(p, root)
+        if rel.startswith(ENGINE + "/"):
+            continue
+        found = findings(p)
+        if not found:
+            continue
+        over_port = any(m == ENGINE or m.startswith(ENGINE + ".") for m in imports(p))
+        if not ((rel.startswith("memory/") or p in stores) and over_port):
+            out[rel] = found[:3] + ([] if over_port else ["does not import the port (storage)"])
+    return out
+
+
+def drivers_outside_the_engine(root: Path = ROOT) -> dict[str, list[str]]:
+    """Driver imports (and ``sqlite3.connect``) outside the engine package. sqlite3 itself may be
+    imported elsewhere for its exception classes and the connection type of a unit of work."""
+    out = {}
+    for p in product_files(root):
+        rel = _rel(p, root)
+        if rel.startswith(ENGINE + "/"):
+            continue
+        bad = sorted(m for m in imports(p) if m.split(".")[0] in DRIVERS)
+        bad += [f"line {n.lineno}: sqlite3.connect" for n in ast.walk(ast.parse(p.read_text()))
+                if isinstance(n, ast.Call) and ast.unparse(n.func) == "sqlite3.connect"]
+        if bad:
+            out[rel] = bad
+    return out
+
+
+def app_importers(root: Path = ROOT) -> set[str]:
+    return {_rel(p, root) for p in product_files(root)
+            if _rel(p, root) != "bot/app.py" and "bot.app" in imports(p)}
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """The import graph of bot/, memory/ and the engine: every import, at any depth (a lazy import
+    inside a function is an edge too: it only hides a cycle from the interpreter)."""
+    mods: dict[str, Path] = {}
+    for p in product_files(root):
+        parts = list(p.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    graph: dict[str, set[str]] = {}
+    for name, p in mods.items():
+        edges = set()
+        package = name.split(".") if p.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in mods)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                for a in node.names:
+                    target = f"{base}.{a.name}"
+                    if target in mods:
+                        edges.add(target)
+                    elif base in mods:
+                        edges.add(base)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+@pytest.mark.parametrize("pkg", ["memory", ENGINE])
+def test_memory_and_the_engine_never_import_the_bot(pkg):
+    found = {_rel(p): sorted(bad) for p in sorted((ROOT / pkg).rglob("*.py"))
+             if (bad := {m for m in imports(p) if m.split(".")[0] in ("bot", "lark_oapi", "aiohttp")})}
+    assert not found, f"{pkg}/ imports the bot or a transport: {found}"
+
+
+def test_sql_only_in_store_modules_over_the_port():
+    found = sql_misplaced()
+    assert not found, f"SQL belongs in a store module over the port (memory/, {BOT_STORES}): {found}"
+
+
+def test_drivers_only_in_the_engine():
+    found = drivers_outside_the_engine()
+    assert not found, f"database drivers belong to the engine package ({ENGINE}/): {found}"
+
+
+def test_nothing_imports_the_app_but_the_entry_points():
+    assert app_importers() <= ENTRY_POINTS, f"bot/app.py is the composition root: {app_importers() - ENTRY_POINTS}"
+
+
+def test_no_module_cycle():
+    graph = module_graph()
+    assert len(graph) > 100 and "storage.port" in graph and "bot.lark.events" in graph["bot.lark.intake"]
+    assert not cycles(graph), f"import cycles: {cycles(graph)}"
+
+
+def test_each_rule_sees_its_break(tmp_path):
+    """Each rule on a small tree that breaks it once (the cycles are the two main had before
+    issue 28: memory/db.py ↔ memory/pg.py, bot/lark/events.py ↔ normalize.py through a lazy import)."""
+    files = {
+        "bot/__init__.py": "",
+        "bot/handler.py": "async def f(db):\n    return await db.fetchall('SELECT id FROM inbox')\n",
+        "bot/web.py": "import psycopg\n",
+        "bot/status.py": "def g():\n    from bot.app import EthanApp\n    return EthanApp\n",
+        "bot/app.py": "",
+        "bot/cli.py": "from bot.app import EthanApp\n",
+        "bot/lark/__init__.py": "",
+        "bot/lark/events.py": "def ms(v):\n    from bot.lark.normalize import epoch_seconds\n    return epoch_seconds(v)\n",
+        "bot/lark/normalize.py": "from bot.lark.events import ms\n",
+        "memory/__init__.py": "",
+        "memory/own.py": "import sqlite3\nconn = sqlite3.connect('x.db')\nQ = 'SELECT 1 FROM t'\n",
+        "memory/facts.py": "from storage import Database\nQ = 'SELECT id FROM facts'\n",
+        "storage/__init__.py": "from storage.port import Database\n",
+        "storage/port.py": "import aiosqlite\nQ = 'SELECT 1 FROM t'\nclass Database: ...\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert set(sql_misplaced(tmp_path)) == {"bot/handler.py", "bot/web.py", "memory/own.py"}   # a driver too
+    assert drivers_outside_the_engine(tmp_path) == {"bot/web.py": ["psycopg"],
+                                                    "memory/own.py": ["line 2: sqlite3.connect"]}
+    assert app_importers(tmp_path) - ENTRY_POINTS == {"bot/status.py"}
+    assert cycles(module_graph(tmp_path)) == [["bot.lark.events", "bot.lark.normalize"]]

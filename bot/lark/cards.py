@@ -117,11 +117,25 @@ def tool_confirm_card(question: str, *, token: str, user_id: str) -> dict[str, A
                           button(label("取消", "Cancel"), "tool_cancel", "default"))
 
 
-def confirm_outcome_card(answer: str, outcome: str) -> dict[str, Any]:
-    """The card after the click: the outcome, no buttons (a second click has nothing to press)."""
-    title = "✅ 已执行 Done" if outcome == "confirmed" else "↩️ 已取消 Cancelled"
+def confirm_outcome_card(answer: str, outcome: str, *, pending: bool = False) -> dict[str, Any]:
+    """The card after the click: the outcome, no buttons (a second click has nothing to press).
+    ``pending``: confirmed, the command still running (the callback's own answer; the card is
+    updated again with the command's answer)."""
+    title = ("⏳ 已确认，执行中… Confirmed — working" if pending
+             else "✅ 已执行 Done" if outcome == "confirmed" else "↩️ 已取消 Cancelled")
     return {
         "schema": "2.0",
         "config": {"update_multi": True, "summary": {"content": summary_of(answer or title)}},
-        "body": {"elements": [{"tag": "markdown", "content": f"**{title}**\n\n{answer}"}]},
+        "body": {"elements": [{"tag": "markdown", "content": f"**{title}**\n\n{answer}".rstrip()}]},
+    }
+
+
+def expired_card() -> dict[str, Any]:
+    """A confirm card clicked after its time: no buttons, say how to ask again."""
+    title = "⌛ 已过期 Expired"
+    text = "这张卡片已过期，什么都没做；请重新发送命令。 / This card has expired and nothing was done; send the command again."
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True, "summary": {"content": summary_of(title)}},
+        "body": {"elements": [{"tag": "markdown", "content": f"**{title}**\n\n{text}"}]},
     }

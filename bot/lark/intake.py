@@ -11,7 +11,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
 
@@ -19,6 +19,7 @@ from bot.delivery.dispatcher import Dispatcher
 from bot.delivery.inbox_store import STALE_SECONDS, Inbox
 from bot.lark import events
 from bot.lark.events import Envelope
+from bot.lark.card_clicks import tool_click_response
 from bot.lark.normalize import has_surrogates, scrub
 from bot.log import get_logger
 
@@ -29,6 +30,9 @@ log = get_logger("ethan.intake")
 class IntakeResult:
     status: str          # accepted | duplicate | ignored | invalid
     reason: str = ""
+    # The body Lark shows for a card click (toast, updated card): the webhook's HTTP response,
+    # the long connection's response-frame data (bot/lark/card_clicks.py). None: nothing to show.
+    response: dict | None = None
 
 
 QUIET_GAP_S = 0.005      # no acknowledgement for this long: the burst is over
@@ -39,7 +43,8 @@ class Intake:
     def __init__(self, inbox: Inbox, dispatcher: Dispatcher, *, clock=time.time,
                  on_event: Callable[[str], None] | None = None,
                  on_recall: Callable[[str, str], Awaitable[int]] | None = None,
-                 on_tool_click: Callable[[str, str, bool], str] | None = None) -> None:
+                 on_tool_click: Callable[[str, str, bool], str] | None = None,
+                 on_card_click: Callable[[Any, str], Awaitable[Any]] | None = None) -> None:
         self.inbox = inbox
         self.dispatcher = dispatcher
         self.clock = clock
@@ -50,6 +55,10 @@ class Intake:
         # A click on a tool-confirm card decides at once (bot/tools/confirm.py): the turn that
         # waits for it holds the chat's mailbox. The row is still handled (and ignored) in order.
         self.on_tool_click = on_tool_click
+        # A click on a confirm card is decided here and answered in the callback's response
+        # (toast + updated card within Lark's 3 s; bot/lark/card_clicks.py); a refused, repeated
+        # or late click is finished at once, only the deciding click goes on to the mailbox.
+        self.on_card_click = on_card_click
         self._active = 0
         self._last_done = 0.0
         self._idle: asyncio.Event | None = None
@@ -134,6 +143,7 @@ class Intake:
         if stale:
             bound.info("event.ignored", reason="older than 30 minutes")
             return IntakeResult("ignored", "stale")
+        shown = None
         if spec.event_type == events.CARD_ACTION and self.on_tool_click is not None:
             value = ev.action.value or {}
             if value.get("ethan") in ("tool_confirm", "tool_cancel"):
@@ -142,6 +152,14 @@ class Intake:
                                              value.get("ethan") == "tool_confirm")
                 bound.info("tool.confirm_click", outcome=outcome, user_id=clicker,
                            asked_by=str(value.get("user", "")))
+                shown = tool_click_response(outcome)
+        if spec.event_type == events.CARD_ACTION and self.on_card_click is not None:
+            decision = await self.on_card_click(ev, env.header.event_id)
+            if decision is not None:
+                shown = decision.response
+                if not decision.acts:
+                    await self.inbox.finish(item.id, "ignored", decision.note)
+                    return IntakeResult("ignored", decision.note, shown)
         if spec.event_type == events.MESSAGE_RECALLED and self.on_recall is not None and r.message_id:
             if await self.on_recall(r.message_id, r.chat_id):
                 bound.info("event.recall_cancelled_reply")
@@ -154,4 +172,4 @@ class Intake:
             bound.info("event.deferred", reason="shutting down")
         else:
             bound.info("event.accepted")
-        return IntakeResult("accepted")
+        return IntakeResult("accepted", response=shown)

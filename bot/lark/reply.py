@@ -86,6 +86,9 @@ class LarkReply(ReplyBase):
         self.tool_confirmations = None   # bot.tools.confirm.ToolConfirmations (set by the app)
         self.asker = ""                  # the open_id whose click may confirm a tool call
         self.record_sent = None      # Outbox.text_sent when replies may be recalled (ETHAN_RECALL_REPLIES)
+        # chat_events.confirm_card_sent: a confirm card's buttons act only once it is recorded
+        # (bot/lark/card_clicks.py, the ws helper's; issue 32 Low)
+        self.record_confirm_card = None
         self._wall_clock = wall_clock
         self.locale = locale             # the user's: posts carry it (bot/lark/render.py)
         self._cards = cards
@@ -243,6 +246,8 @@ class LarkReply(ReplyBase):
                 mid = await self._sender.reply(self.message_id, "interactive", card,
                                                uuid=derive_uuid(self.uuid_base, "confirm"),
                                                chat_id=self.chat_id, in_thread=self.in_thread)
+                if self.record_confirm_card is not None:
+                    await self.record_confirm_card(mid, user_id)
                 self.message_ids.append(mid)
                 self.delivered_as = "card"
                 return

@@ -88,6 +88,9 @@ def make_handler(intake: Intake, *, encrypt_key: str, verification_token: str,
             # The event is not stored: a 503 tells Lark to deliver it again later.
             log.exception("webhook.store_failed")
             return web.Response(status=503)
+        if result.response is not None:
+            # A card click: Lark shows this body's toast and card (within its 3 s).
+            return web.json_response(result.response)
         return web.json_response({"code": 0, "msg": result.status})
 
     return lark_events

@@ -393,7 +393,8 @@ async def test_two_connections_in_one_process_each_deliver(tmp_path, lark, ws, m
 
 
 async def test_card_click_over_the_long_connection_is_handled(tmp_path, lark, ws, model):
-    """lark-oapi's own client drops CARD frames: ours stores and answers them like events."""
+    """lark-oapi's own client drops CARD frames: ours stores and answers them like events (Lark
+    sends clicks as ``type=event``: tests/e2e/test_card_clicks.py)."""
     from tests.fakes.lark_events import make_card_action_event
 
     async with Harness(tmp_path, lark=lark, model=model, lark_transport="ws") as h:
@@ -403,7 +404,8 @@ async def test_card_click_over_the_long_connection_is_handled(tmp_path, lark, ws
         [card] = await lark.wait_for_messages_async(1, timeout=20)
         value = {"ethan": "confirm", "cmd": "/forget all confirm", "user": "ou_alice", "chat_type": "p2p"}
         click = make_card_action_event(value, chat_id="oc_p2p_alice", message_id=card.message_id)
-        fid = await asyncio.to_thread(ws.push, click, msg_type="card")
-        assert (await ws.wait_ack_async(fid)).code == 200
+        fid = await asyncio.to_thread(ws.push, click, msg_type="card")     # the SDK's other data type
+        ack = await ws.wait_ack_async(fid)
+        assert ack.code == 200 and ack.data["toast"]["type"] == "success"
         await h.idle()
         assert lark.message(card.message_id).edits == 1
