@@ -19,7 +19,7 @@ from memory.embedding import unpack
 # Parents before children (foreign keys); the PostgreSQL schema's order.
 ORDER = ("inbox", "outbox", "modes", "audit", "sessions", "conversations", "conversation_members",
          "messages", "warm_summaries", "consolidation_state", "consolidation_writes", "facts",
-         "procedures", "profile_entries", "episodes", "episode_chunks", "episode_vectors", "fact_sources",
+         "procedures", "profile_entries", "episodes", "episode_chunks", "episode_vectors", "fact_sources", "fact_messages",
          "profile_sources",
          "chat_greetings", "card_confirmations", "chats_left",
          "schedules", "schedule_deliveries",

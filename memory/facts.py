@@ -48,7 +48,9 @@ at 北京大学); a later correction resolves it.
 Outcome: if some active fact is the *same*, the best match is **reinforced** — confidence
 ``max(old, new)`` plus ``REINFORCE_STEP`` capped at ``MAX_REINFORCED`` (never lowered: a 1.0
 user edit stays 1.0), ``hit_count + 1``, ``last_accessed``/``updated_at`` = now, provenance
-(chat_id/message_id) moved to the newest learning when it has one, ``source`` upgraded to the
+(chat_id/message_id) kept where it was first learned and the new message added to its sources
+(``fact_messages``: every message it was learned from, so a recall of one leaves it while
+another remains — memory/withdraw.py; issue 32), ``source`` upgraded to the
 more authoritative (user_edit > agent_proactive > consolidator), visibility widened to ``shared``
 when the fact is learned again outside p2p, content and category kept. Otherwise the new fact is
 **added**. Either way every *contradicted* active fact is **superseded** — kept, with
@@ -532,8 +534,10 @@ class FactStore:
             new_conf = reinforced_confidence(old["confidence"], conf)
             new_source = source if _AUTHORITY[source] > _AUTHORITY[old["source"]] else old["source"]
             new_vis = "shared" if visibility == "shared" else old["visibility"]
+            # Provenance stays where the fact was first learned; this learning is one more row
+            # of fact_messages (below): a recall of either message leaves the other's (issue 32).
             chat_id, message_id = old["chat_id"], old["message_id"]
-            if scope.message_id or scope.chat_id:
+            if not message_id and scope.message_id:
                 chat_id, message_id = scope.chat_id, scope.message_id
             conn.execute(
                 "UPDATE facts SET confidence = ?, source = ?, visibility = ?, chat_id = ?, "
@@ -555,6 +559,9 @@ class FactStore:
         if session_id:
             conn.execute("INSERT OR IGNORE INTO fact_sources(fact_id, session_id) VALUES (?, ?)",
                          (fact_id, session_id))
+        if scope.message_id:
+            conn.execute("INSERT OR IGNORE INTO fact_messages(fact_id, message_id, chat_id, visibility, learned_at)"
+                         " VALUES (?, ?, ?, ?, ?)", (fact_id, scope.message_id, scope.chat_id, visibility, now))
         if category == "correction" and action == "added" and not contradicted and rows and decision is None:
             # memory_write {category: correction} states what replaces an earlier fact: the
             # one it corrects is the closest on the words it negates (其实我不在杭州 → 用户在杭州工作)
@@ -706,6 +713,21 @@ class FactStore:
             f"SELECT {_COLUMNS} FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)
         )
         return _fact(row) if row else None
+
+    async def sources(self, user_id: str, fact_ids: list[int]) -> dict[int, list[tuple[str, str, float]]]:
+        """Every message each fact was learned from: {fact_id: [(chat_id, message_id, learned_at)]},
+        oldest first (facts of ``user_id`` only; ids without a row are absent)."""
+        if not fact_ids:
+            return {}
+        marks = ",".join("?" * len(fact_ids))
+        rows = await self.db.fetchall(
+            "SELECT m.fact_id, m.chat_id, m.message_id, m.learned_at FROM fact_messages m"
+            f" JOIN facts f ON f.id = m.fact_id WHERE f.user_id = ? AND m.fact_id IN ({marks})"
+            " ORDER BY m.learned_at, m.message_id", (user_id, *fact_ids))
+        out: dict[int, list[tuple[str, str, float]]] = {}
+        for r in rows:
+            out.setdefault(int(r["fact_id"]), []).append((r["chat_id"], r["message_id"], r["learned_at"]))
+        return out
 
     async def list(self, user_id: str, *, include_superseded: bool = False) -> list[Fact]:
         """Active facts by rank; with history, superseded ones follow, newest first."""

@@ -10,9 +10,10 @@ recalled — removes:
 * the hot zone is those messages, so it follows; warm summaries whose range covers them are
   dropped (their turns are replayed or re-summarised by the next consolidation), and the
   rolling summary is cleared when it was built past them;
-* facts and profile entries whose provenance is that message (``message_id``: where it was
-  learned; one learned again elsewhere names the later message and stays), with their
-  pending consolidation writes;
+* the message from every fact's sources (``fact_messages``: each message a fact was learned
+  from); a fact is deleted when that was its last source (a fact also learned elsewhere — say
+  in the member's direct chat — stays, private again if only private sources are left);
+  profile entries whose provenance is that message, with their pending consolidation writes;
 * the episode of the session when it was summarised after the message was written (the
   summary may contain it);
 * a still-pending inbox row of the message is marked ignored ("recalled"), so its reply is
@@ -59,6 +60,38 @@ async def _rows(tx: Any, sql: str, params: tuple = ()) -> list[Any]:
     return list(rows)
 
 
+async def _withdraw_facts(tx: Any, message_id: str) -> int:
+    """The recalled message leaves every fact's sources (``fact_messages``); a fact is deleted
+    only when no source is left (and the user did not make it theirs in the console: a
+    ``user_edit`` fact stays). One still learned elsewhere keeps its first remaining source as
+    its provenance, and is private again when every remaining source is. Returns the facts deleted."""
+    taught = [r["fact_id"] for r in await _rows(tx, "SELECT fact_id FROM fact_messages WHERE message_id = ?",
+                                                 (message_id,))]
+    # facts whose provenance names the message but have no source rows (written before v12)
+    legacy = [r["id"] for r in await _rows(
+        tx, "SELECT id FROM facts WHERE message_id = ? AND NOT EXISTS"
+            " (SELECT 1 FROM fact_messages m WHERE m.fact_id = facts.id)", (message_id,))]
+    await _run(tx, "DELETE FROM fact_messages WHERE message_id = ?", (message_id,))
+    deleted = 0
+    for fid in dict.fromkeys([*taught, *legacy]):
+        fact = await _rows(tx, "SELECT source, message_id FROM facts WHERE id = ?", (fid,))
+        if not fact:
+            continue
+        left = await _rows(tx, "SELECT chat_id, message_id, visibility FROM fact_messages WHERE fact_id = ?"
+                               " ORDER BY learned_at, message_id", (fid,))
+        if left:
+            first = left[0]
+            vis = "shared" if any(r["visibility"] == "shared" for r in left) or fact[0]["source"] == "user_edit" \
+                else "private"
+            await _run(tx, "UPDATE facts SET chat_id = ?, message_id = ?, visibility = ? WHERE id = ?",
+                       (first["chat_id"], first["message_id"], vis, fid))
+        elif fact[0]["source"] == "user_edit":
+            await _run(tx, "UPDATE facts SET message_id = '' WHERE id = ? AND message_id = ?", (fid, message_id))
+        else:
+            deleted += await _run(tx, "DELETE FROM facts WHERE id = ?", (fid,))
+    return deleted
+
+
 async def cancel_pending(db: Database, message_id: str, chat_id: str | None = None) -> int:
     """Mark the message's inbox row ignored while it is still pending (its answer is not sent).
     Called at intake, before the recall waits in a mailbox behind the message itself."""
@@ -89,7 +122,7 @@ async def withdraw_message(db: Database, message_id: str, chat_id: str | None = 
         users = await _rows(tx, "SELECT id, session_id, created_at FROM messages"
                                 " WHERE lark_message_id = ? AND role = 'user'", (message_id,))
         if not users:
-            c["facts"] = await _run(tx, "DELETE FROM facts WHERE message_id = ?", (message_id,))
+            c["facts"] = await _withdraw_facts(tx, message_id)
             c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE message_id = ?", (message_id,))
             return out
         user = users[0]
@@ -116,7 +149,7 @@ async def withdraw_message(db: Database, message_id: str, chat_id: str | None = 
         for r in await _rows(tx, "SELECT lark_message_id FROM outbox WHERE reply_to = ?"
                                  " AND lark_message_id IS NOT NULL", (message_id,)):
             out.reply_message_ids.append(r["lark_message_id"])
-        c["facts"] = await _run(tx, "DELETE FROM facts WHERE message_id = ?", (message_id,))
+        c["facts"] = await _withdraw_facts(tx, message_id)
         c["profile_entries"] = await _run(tx, "DELETE FROM profile_entries WHERE message_id = ?", (message_id,))
         c["episodes"] = await _run(
             tx, "DELETE FROM episodes WHERE session_id = ? AND timestamp >= ?", (sid, written))

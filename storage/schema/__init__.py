@@ -21,4 +21,5 @@ MIGRATIONS: list[str] = [
     episodic.V9,   # PostgreSQL's BM25 statistics (term_array, episode_index_stats); a no-op on SQLite
     schedules.V10, # reminders: schedules + schedule_deliveries
     episodic.V11,  # episode_vectors: semantic recall (issue 31)
+    facts.V12,     # fact_messages: every message a fact was learned from (issue 32)
 ]

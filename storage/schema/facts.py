@@ -42,3 +42,22 @@ CREATE TABLE fact_sources (
 );
 CREATE INDEX fact_sources_session ON fact_sources(session_id);
 """
+
+V12 = """
+-- Every message a fact was learned from (issue 32): repeating a fact adds a row here instead of
+-- moving facts.chat_id/message_id (which keep the first learning), so recalling one of several
+-- sources leaves the fact, and recalling the last removes it. visibility: where that source
+-- was (a private fact repeated in a group is shared; when the group source is recalled and
+-- only private ones remain, it is private again). Facts from before v12 get their one row.
+CREATE TABLE fact_messages (
+    fact_id     INTEGER NOT NULL REFERENCES facts(id) ON DELETE CASCADE,
+    message_id  TEXT NOT NULL,
+    chat_id     TEXT NOT NULL DEFAULT '',
+    visibility  TEXT NOT NULL DEFAULT 'private' CHECK (visibility IN ('private', 'shared')),
+    learned_at  REAL NOT NULL,
+    PRIMARY KEY (fact_id, message_id)
+);
+CREATE INDEX fact_messages_message ON fact_messages(message_id);
+INSERT INTO fact_messages(fact_id, message_id, chat_id, visibility, learned_at)
+    SELECT id, message_id, chat_id, visibility, updated_at FROM facts WHERE message_id <> '';
+"""

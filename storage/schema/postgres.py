@@ -466,7 +466,22 @@ CREATE TRIGGER episode_vectors_turns AFTER DELETE ON episode_chunks
     FOR EACH ROW EXECUTE FUNCTION episode_vectors_turns();
 """
 
-PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11]
+# Version 12: every message a fact was learned from (storage/schema/facts.py V12).
+V12 = """
+CREATE TABLE fact_messages (
+    fact_id     BIGINT NOT NULL REFERENCES facts(id) ON DELETE CASCADE,
+    message_id  TEXT NOT NULL,
+    chat_id     TEXT NOT NULL DEFAULT '',
+    visibility  TEXT NOT NULL DEFAULT 'private' CHECK (visibility IN ('private', 'shared')),
+    learned_at  DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (fact_id, message_id)
+);
+CREATE INDEX fact_messages_message ON fact_messages(message_id);
+INSERT INTO fact_messages(fact_id, message_id, chat_id, visibility, learned_at)
+    SELECT id, message_id, chat_id, visibility, updated_at FROM facts WHERE message_id <> '';
+"""
+
+PG_MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10, V11, V12]
 
 # Tables only PostgreSQL has: derived index statistics (what FTS5 keeps inside its own tables),
 # never copied nor exported — `ethan db copy`'s inserts keep them by the triggers.

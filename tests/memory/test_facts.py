@@ -133,7 +133,11 @@ async def test_same_fact_reinforces_instead_of_duplicating(store, clock, first, 
     assert w2.fact.confidence == pytest.approx(0.85)
     assert w2.fact.hit_count == 1
     assert w2.fact.last_accessed == t_learned
-    assert w2.fact.message_id == "om_a2"             # provenance: the newest learning
+    # provenance stays the first learning; every learning is a source (issue 32)
+    assert w2.fact.message_id == A_P2P.message_id
+    assert await store.sources("ou_alice", [w1.fact.id]) == {w1.fact.id: [
+        *([(A_P2P.chat_id, A_P2P.message_id, w1.fact.created_at)] if A_P2P.message_id else []),
+        (A_P2P.chat_id, "om_a2", t_learned)]}
     assert w2.fact.created_at == w1.fact.created_at
     assert await store.count("ou_alice") == 1
     assert await store.count("ou_alice", include_superseded=True) == 1
@@ -162,7 +166,9 @@ async def test_relearning_in_a_group_widens_visibility(store):
     assert w1.fact.visibility == "private"
     assert await store.top(A_GROUP) == []
     w2 = await store.add(A_GROUP, "用户喜欢喝咖啡", "preference", source="consolidator")
-    assert (w2.action, w2.fact.visibility, w2.fact.chat_id) == ("reinforced", "shared", "oc_team")
+    # shared now; provenance stays the first learning, the group message one more source
+    assert (w2.action, w2.fact.visibility, w2.fact.chat_id) == ("reinforced", "shared", "oc_alice_dm")
+    assert [m for _, m, _ in (await store.sources("ou_alice", [w1.fact.id]))[w1.fact.id]] == ["om_a1", "om_g1"]
     assert [f.id for f in await store.top(A_GROUP)] == [w1.fact.id]
 
 
