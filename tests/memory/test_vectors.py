@@ -221,3 +221,19 @@ def test_the_embedding_setting_is_checked_at_start(tmp_path):
     assert s.embedding_ref() == ("openai", "bge-m3")
     assert load_settings(**base, ethan_embedding_model="local").embedding_ref()[0] == "local"
     assert load_settings(**base).embedding_ref() is None
+
+
+async def test_without_numpy_the_vectors_rank_the_same(db, fake, monkeypatch):
+    # a remote embedding model needs no numpy: the SQL-function path must give the same ranking
+    from memory.episodic import _where
+
+    emb = embedder(fake)
+    await _sessions(EpisodeStore(db, embedder=emb))
+    await _index(db, emb)
+    where, params = _where("ou_alice", ALICE, None)
+    [q] = await emb.embed(["What do I do to unwind?"], query=True)
+    with_numpy = await db.read(vectors.nearest, where, params, emb.model, q, 50)
+    monkeypatch.setitem(__import__("sys").modules, "numpy", None)      # import numpy now fails
+    without = await db.read(vectors.nearest, where, params, emb.model, q, 50)
+    assert [(e, s) for e, s, _ in without] == [(e, s) for e, s, _ in with_numpy]
+    assert all(abs(a[2] - b[2]) < 1e-5 for a, b in zip(without, with_numpy))
