@@ -38,6 +38,9 @@ TOASTS = {
     # a tool-confirm card (bot/tools/confirm.py)
     "tool decided": ("success", "收到。", "Got it."),
     "tool unknown": ("info", "已经处理过了，或已过期。", "Already done, or expired."),
+    # the /memory card (bot/lark/memory_card.py; decided in bot/memory_clicks.py)
+    "memory owner only": ("warning", "只有这张卡片的主人可以操作，什么都没改。", "Only the card's owner can do that — nothing changed."),
+    "memory on it": ("info", "好的，正在处理。", "OK — on it."),
 }
 
 
@@ -84,6 +87,8 @@ class CardClicks:
         value = ev.action.value or {}
         kind = value.get("ethan")
         card_mid = ev.context.open_message_id
+        if kind == "memory" and card_mid:
+            return await self._memory(ev, event_id, value)
         if kind not in ("confirm", "cancel") or not card_mid:
             return None
         clicker = ev.operator.open_id
@@ -108,6 +113,19 @@ class CardClicks:
                                chat_id=ev.context.open_chat_id, detail=note, allowed=False)
         return Decision(decided, response(verdict, expired_card() if verdict == "expired" else None),
                         acts=False, note=note)
+
+    async def _memory(self, ev: Any, event_id: str, value: dict) -> Decision:
+        """A /memory card button: another user's click is refused here (a toast, the row
+        finished: it changes nothing); the owner's goes on to the mailbox (bot/memory_clicks.py)."""
+        clicker = ev.operator.open_id
+        if not clicker or clicker != value.get("user"):
+            log.bind(event_id=event_id, user_id=clicker, card_message_id=ev.context.open_message_id,
+                     chat_id=ev.context.open_chat_id).info("card.refused", reason="not the card's owner",
+                                                           owner=str(value.get("user", ""))[-6:])
+            await audit.record(self.db, clicker, "card.memory", target=f"{value.get('kind', '')} {value.get('id', '')}"[:60],
+                               chat_id=ev.context.open_chat_id, detail="not the card's owner", allowed=False)
+            return Decision("refused", response("memory owner only"), acts=False, note="click by another user")
+        return Decision("memory", response("memory on it"), acts=True)
 
     def _verdict(self, card: chat_events.ConfirmCard | None, clicker: str) -> str | None:
         if card is None:

@@ -5,7 +5,8 @@ learned and Forget / Correct buttons, governed by the user in the chat (issue 31
 click's outcome replaces it for everyone who sees it). Each button's value names the item and
 the card's owner: ``{"ethan": "memory", "op": …, "kind": …, "id": …, "user": owner,
 "chat_type": …}``. Only the owner's click acts (bot/memory_clicks.py, via bot/lifecycle.py);
-another user's click changes nothing. The buttons run the typed commands
+another user's click changes nothing (refused at intake with a toast, bot/lark/card_clicks.py).
+The buttons run the typed commands
 (``bot.commands.forget_command`` / ``correct_command``) — the same code path as ``/forget`` and
 ``/correct`` typed in the chat — so the console and the terminal, which get the text, keep
 working without cards.
@@ -110,9 +111,3 @@ def edit_card(view: Any, item: Any, *, chat_type: str) -> dict[str, Any]:
             back,
         ]},
     }
-
-
-def refusal_toast(zh: bool = True) -> dict[str, Any]:
-    """What another user's click gets (in the callback response, where the transport sends one)."""
-    return {"type": "warning", "content": "只有这张卡片的主人可以操作。" if zh else "Only the card's owner can do that.",
-            "i18n": {"zh_cn": "只有这张卡片的主人可以操作。", "en_us": "Only the card's owner can do that."}}

@@ -90,7 +90,11 @@ async def test_memory_card_forgets_and_corrects_only_for_its_owner(tmp_path):
         await h.app.memory.facts.add(Scope(user_id="ou_bob", chat_id="oc_p2p_bob", chat_type="p2p"),
                                      "用户是 Bob", "knowledge", source="user_edit")
         fact = (await _facts(h))[0]
-        await _post(h, make_card_action_event(forget, chat_id="oc_p2p_alice", message_id=mid, operator="ou_bob"))
+        # ... and gets a toast in the callback's own response (Lark shows it within 3 s)
+        status, body = await h.post(make_card_action_event(forget, chat_id="oc_p2p_alice", message_id=mid,
+                                                           operator="ou_bob"))
+        await h.idle()
+        assert status == 200 and "只有这张卡片的主人可以操作" in json.dumps(json.loads(body)["toast"], ensure_ascii=False)
         save = {**correct, "op": "save"}
         await _post(h, make_card_action_event(save, chat_id="oc_p2p_alice", message_id=mid, operator="ou_bob",
                                               form_value={"text": "用户喜欢喝可乐"}, name="save_fact_1"))
@@ -99,7 +103,9 @@ async def test_memory_card_forgets_and_corrects_only_for_its_owner(tmp_path):
         assert [r["actor"] for r in refused] == ["ou_bob", "ou_bob"]
 
         # Alice's Correct opens the edit form with the current text; Save supersedes with history
-        await _post(h, make_card_action_event(correct, chat_id="oc_p2p_alice", message_id=mid))
+        status, body = await h.post(make_card_action_event(correct, chat_id="oc_p2p_alice", message_id=mid))
+        await h.idle()
+        assert status == 200 and json.loads(body)["toast"]["type"] == "info"
         edit = h.lark.message(mid).current_content
         assert '"tag": "form"' in json.dumps(edit) and '"default_value": "用户喜欢喝乌龙茶"' in _card(h, mid)
         save = _button(edit, "save", "fact", fact["id"])
