@@ -93,6 +93,8 @@ class LarkDiscussion:
             for it in data.get("items") or []:
                 if not isinstance(it, dict) or it.get("message_id") == inbound.message_id:
                     continue
+                if not in_conversation(it, inbound):
+                    continue                 # another topic or thread: another conversation
                 if (it.get("sender") or {}).get("sender_type") in ("app", "bot"):
                     return out               # Ethan (or a bot) spoke: what came before is answered
                 if it.get("deleted"):
@@ -110,6 +112,19 @@ class LarkDiscussion:
         stamp = dt.datetime.fromtimestamp(when, dt.timezone.utc).isoformat(timespec="seconds") if when else ""
         return Material(kind="group", source=str(it.get("message_id") or ""), author=" ".join(str(name).split()),
                         when=stamp, text=item_text(it))
+
+
+def in_conversation(item: dict, inbound: Inbound) -> bool:
+    """A listed message belongs to the @-message's own conversation: inside a thread or a
+    topic (a topic group's topic is named by its root message), that thread's messages and its
+    root; in the chat itself, anything but replies inside threads. Another topic's words are
+    another conversation's, and Ethan's answer there does not end this one's discussion."""
+    thread = inbound.thread_id
+    if not thread:
+        return not (item.get("thread_id") and item.get("root_id"))
+    names = {thread, inbound.root_id or thread}
+    return (item.get("thread_id") == thread or item.get("message_id") in names
+            or item.get("root_id") in names)
 
 
 def item_text(item: dict) -> str:

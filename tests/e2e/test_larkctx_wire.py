@@ -231,8 +231,10 @@ async def test_a_topic_group_keeps_one_session_per_topic(serve, lark, model):
     a = make_text_event("话题 A：部署", **topic)
     b = make_text_event("话题 B：招聘", **topic)
     a_id, b_id = a["event"]["message"]["message_id"], b["event"]["message"]["message_id"]
+    await asyncio.sleep(1.1)     # Ethan's answer in topic A comes after B's first message was sent
     await _ask(serve, lark, model, a, n=1)
-    await _ask(serve, lark, model, b, n=2)
+    req_b = await _ask(serve, lark, model, b, n=2)
+    assert "部署" not in _request_text(req_b)          # topic A is not topic B's discussion
     await _ask(serve, lark, model, make_text_event("A 的后续", root_id=a_id, parent_id=a_id, **topic), n=3)
     await _ask(serve, lark, model, make_text_event("B 的后续", root_id=b_id, parent_id=b_id, **topic), n=4)
     last = model.last_user_text(model.chat_requests()[-1])
