@@ -26,7 +26,8 @@ from bot.lark.cards import summary_of
 MEMORY = "memory"                 # the buttons' "ethan" value
 OPS = ("forget", "correct", "save", "back")
 INPUT_NAME = "text"
-MAX_CARD_ITEMS = 20               # ~700 bytes of JSON each: well under a card's ~30 KB
+MAX_LISTED_BELOW = 40            # then listed by id and text only
+MAX_CARD_ITEMS = 15               # with buttons (~1 KB of JSON each); the rest listed: under ~30 KB
 MAX_INPUT_CHARS = 500
 
 
@@ -62,17 +63,21 @@ def memory_card(view: Any, *, chat_type: str, notice: str = "") -> dict[str, Any
     for it in shown:
         ref = {"fact": f"#{it.id}", "profile": f"profile {it.id}", "rule": f"rule {it.id}"}[it.kind]
         elements.append({"tag": "markdown", "content":
-                         f"**{ref}** [{_md(it.label)}] {_md(it.text)}\n<font color='grey'>{_md(it.learned)}</font>"})
+                         f"**{ref}** [{_md(it.label)}] {_md(it.text[:160])}\n<font color='grey'>{_md(it.learned)}</font>"})
         elements.append({"tag": "column_set", "columns": [
             {"tag": "column", "width": "auto", "elements": [
                 _button("忘记 Forget" if zh else "Forget", "danger", _value("forget", it, view.owner, chat_type))]},
             {"tag": "column", "width": "auto", "elements": [
                 _button("更正 Correct" if zh else "Correct", "default", _value("correct", it, view.owner, chat_type))]},
         ]})
-    left = len(view.items) - len(shown) + view.more
-    if left:
-        elements.append({"tag": "markdown", "content": (f"…还有 {left} 条（/memory 的文字版在控制台）"
-                                                        if zh else f"…and {left} more")})
+    rest = view.items[MAX_CARD_ITEMS:MAX_CARD_ITEMS + MAX_LISTED_BELOW]
+    more = view.more + len(view.items) - MAX_CARD_ITEMS - len(rest) if len(view.items) > MAX_CARD_ITEMS else view.more
+    if rest:     # beyond the buttons' room: listed with their ids for the typed commands
+        refs = {"fact": "#{}", "profile": "profile {}", "rule": "rule {}"}
+        elements.append({"tag": "markdown", "content": "\n".join(
+            f"{refs[it.kind].format(it.id)} {_md(it.text[:40])}" for it in rest)})
+    if more:
+        elements.append({"tag": "markdown", "content": f"…还有 {more} 条" if zh else f"…and {more} more"})
     if view.note:
         elements.append({"tag": "markdown", "content": _md(view.note)})
     elements.append({"tag": "markdown", "content": "<font color='grey'>" + (
