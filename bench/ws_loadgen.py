@@ -10,7 +10,8 @@ the bot's acknowledgement time. Endpoint discovery still goes to the fake Open A
 Protocol (JSON lines): prints ``{"port": N}`` once listening; then, per line read from stdin
 ``{"events": [...], "rate": R, "timeout": T}``, waits for a connection, pushes event i at
 start + i / R (open loop, as Lark sends), waits for every response frame, and prints
-``{"lat": [seconds...], "codes": [...], "missing": n}``. EOF ends it.
+``{"lat": [seconds...], "codes": [...], "biz": [seconds...], "missing": n}`` (``biz``: the
+response's ``biz_rt`` header, the bot's own time from handling the frame to answering it). EOF ends it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main() -> None:
                 first[a.message_id] = a
         acks = [first[m] for m in mids if m in first]
         print(json.dumps({"lat": [a.seconds for a in acks], "codes": [a.code for a in acks],
+                          # the SDK's biz_rt header: ms from the frame handled to the answer, in the bot
+                          "biz": [float(a.headers.get("biz_rt", "nan")) / 1000 for a in acks],
                           "missing": len(mids) - len(acks)}), flush=True)
     ws.stop()
 

@@ -303,7 +303,8 @@ class EthanApp:
                 # again, maybe to another connection) rather than acknowledged unanswered.
                 self.long_connection = LongConnection(app_id=s.lark_app_id, app_secret=s.lark_app_secret,
                                                       domain=s.lark_domain, intake=self._intake_proxy(),
-                                                      retry_max_s=s.ethan_ws_retry_max_s)
+                                                      retry_max_s=s.ethan_ws_retry_max_s,
+                                                      own_thread=s.ethan_ws_own_thread)
                 self.long_connection.start(asyncio.get_running_loop())
         for line in s.model_warnings():
             log.warning("config.model_mismatch", problem=line)

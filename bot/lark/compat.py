@@ -130,6 +130,13 @@ def session_class():
             self._conn = None
             self._conn_url = self._conn_id = self._service_id = ""
 
+        def close(self) -> None:
+            """Stop the fragment cache's cleaning task (made on the loop current at
+            construction; left running, it outlives the connection on a shared loop)."""
+            cron = getattr(self._cache, "_cron", None)
+            if cron is not None:
+                cron.cancel()
+
         def current(self, conn) -> bool:
             return self._conn is conn
 

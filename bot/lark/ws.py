@@ -1,19 +1,22 @@
-"""Long-connection transport: lark-oapi's WebSocket client on a thread and loop of its own,
-with our acknowledge-after-store, and a supervisor that never gives up.
+"""Long-connection transport: lark-oapi's WebSocket protocol with our lifecycle and
+acknowledge-after-store, and a supervisor that never gives up.
 
 Why not ``lark_oapi.ws.Client.start()``: the SDK takes ``asyncio.get_event_loop()`` when
-``lark_oapi.ws.client`` is first imported and runs everything on that module-level loop.
-Imported inside the running application loop, that loop *is* Ethan's: ``start()`` then
-calls ``run_until_complete`` on a running loop, endpoint discovery (blocking ``requests``)
-stalls the application, and an event handler that waits for the application loop to commit
-the event blocks the very loop it waits on (every frame answered 500 after 2.5 s). The SDK
-also has no way to stop, and gives up for good once Lark's ``ReconnectCount`` is used up or
-the credentials are refused — a bot that silently stops answering until someone restarts it.
+``lark_oapi.ws.client`` is first imported and runs everything on that module-level loop with
+``run_until_complete`` (impossible on a running loop); its endpoint discovery is blocking
+``requests``; its event handler is a blocking call (an event that waits for the application
+to commit it blocked the very loop it waited on: every frame answered 500 after 2.5 s); it
+has no way to stop; and it gives up for good once Lark's ``ReconnectCount`` is used up or the
+credentials are refused — a bot that silently stops answering until someone restarts it.
 
 So we keep the SDK's wire protocol (through bot/lark/compat.py, the one module that touches
-its privates) and own the lifecycle: a client constructed and run on a loop created for it on
-the "lark-ws" thread, never touching the SDK's module ``loop``. Endpoint discovery runs on a
-short-lived daemon thread so it blocks neither loop, and is asked again before every attempt.
+its privates) and own the lifecycle. The connection is a task on the application's event loop
+(never the SDK's module ``loop``): an event is stored and answered with no thread to cross —
+on a thread of its own (``ETHAN_WS_OWN_THREAD=true``, the earlier layout) every event crossed
+between two threads twice, each crossing waiting for the interpreter lock, which lengthened the
+acknowledgement tail (bench/bench_ws_ack.py measures both). The SDK is imported and endpoint
+discovery runs on short-lived threads, so neither blocks the loop; the endpoint is asked again
+before every attempt.
 
 The supervisor is a small state machine (``TRANSITIONS``; one log line per state change, not
 per attempt): ``connecting`` → ``connected``; a lost connection → ``disconnected``, retried on
@@ -24,11 +27,11 @@ refuses the credentials, → ``backing_off``: tries go on forever, the pause dou
 arrived within twice the ping interval (a silent peer, a half-open TCP connection) and the
 supervisor reconnects. ``/healthz`` is 503 whenever the state is not ``connected``.
 
-Each EVENT (or CARD) frame is handed to the application loop (``Intake.accept``: parse,
-commit to the inbox, dispatch) and answered only once that returned: 200 — with the card
-click's toast and updated card in the response's ``data`` when there is one — or 500 (Lark
-redelivers) when it failed, took longer than ``STORE_TIMEOUT`` or the app is stopping.
-Frames are acknowledged concurrently: one slow commit does not hold the frames behind it.
+Each EVENT (or CARD) frame is handed to ``Intake.accept`` (parse, commit to the inbox,
+dispatch) and answered only once that returned: 200 — with the card click's toast and updated
+card in the response's ``data`` when there is one — or 500 (Lark redelivers) when it failed,
+took longer than ``STORE_TIMEOUT`` or the app is stopping. Frames are acknowledged
+concurrently: one slow commit does not hold the frames behind it.
 
 Lark delivers each event to one of an app's connections; several processes (or several
 ``LongConnection`` objects) may hold one each. Nothing here is process-wide: deduplication
@@ -109,11 +112,14 @@ class LongConnection:
     (and comes back, forever) on its own thread; ``stop()`` closes it and joins the thread."""
 
     def __init__(self, *, app_id: str, app_secret: str, domain: str, intake: Any,
-                 name: str = "lark-ws", retry_max_s: float = RETRY_MAX_S) -> None:
+                 name: str = "lark-ws", retry_max_s: float = RETRY_MAX_S, own_thread: bool = False) -> None:
         self.app_id, self.app_secret, self.domain = app_id, app_secret, domain
         self.intake = intake       # anything with ``async accept(raw, body)``
         self.name = name
         self.retry_max_s = retry_max_s
+        self.own_thread = own_thread
+        self._task: asyncio.Task | None = None
+        self._done = threading.Event()
         self.thread: threading.Thread | None = None
         self.state = STARTING
         self.reason = "not started"
@@ -166,27 +172,58 @@ class LongConnection:
 
     # -- start / stop (application loop side) ------------------------------------------
     def start(self, app_loop: asyncio.AbstractEventLoop) -> None:
+        """Called on the running application loop. By default the connection runs there too
+        (one loop: an event is stored and answered without crossing threads — each crossing
+        waited for the interpreter lock, the long tail of bench_ws_ack); ``own_thread`` puts it
+        on a "lark-ws" thread and loop of its own (``ETHAN_WS_OWN_THREAD``)."""
         self._app_loop = app_loop
+        self._stop = asyncio.Event()
+        self._done = threading.Event()
+        if not self.own_thread:
+            self._loop = app_loop
+            self._task = app_loop.create_task(self._main_on_app_loop(), name=self.name)
+            return
         # Made here, run there: stop() can always reach it, even before the thread ran.
         self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
         self.thread = threading.Thread(target=self._thread_main, name=self.name, daemon=True)
         self.thread.start()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Close the connection and join the thread (blocking; call it off the app loop).
-        Bounded: a thread that does not end in ``timeout`` is a daemon and left behind."""
+        """Close the connection and wait for it (blocking: call it off the app loop, e.g.
+        ``asyncio.to_thread``). Bounded: past ``timeout`` the task is cancelled / the thread
+        (a daemon) left behind."""
         self._stopping = True
-        loop, thread = self._loop, self.thread
-        if loop is None or thread is None:
+        loop = self._loop
+        if loop is None:
             return
         with contextlib.suppress(RuntimeError):     # the loop already closed
             loop.call_soon_threadsafe(self._stop.set)
-        thread.join(timeout)
-        if thread.is_alive():
+        if self.thread is not None:
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                log.warning("ws.stop_timeout", connection=self.name, timeout_s=timeout)
+            return
+        if not self._done.wait(timeout):
             log.warning("ws.stop_timeout", connection=self.name, timeout_s=timeout)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._task.cancel)
 
-    # -- the lark-ws thread ------------------------------------------------------------
+    async def _main_on_app_loop(self) -> None:
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            self._set(STOPPED, "stopped")
+            raise
+        except BaseException as e:  # noqa: BLE001 — a bug here must not pass silently
+            self._set(CRASHED, f"internal error: {_describe(e)}", error=_describe(e))
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+            if self._session is not None:
+                self._session.close()
+            self._done.set()
+
+    # -- the lark-ws thread (own_thread) -----------------------------------------------
     def _thread_main(self) -> None:
         loop = self._loop
         asyncio.set_event_loop(loop)
@@ -205,6 +242,7 @@ class LongConnection:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
                 loop.close()
+                self._done.set()
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
         # One structured line instead of asyncio's traceback on stderr.
@@ -215,8 +253,11 @@ class LongConnection:
     async def _run(self) -> None:
         if self._stopping:
             return
-        # Imported here, off the application loop (the SDK takes ~2 s to import).
-        session_cls = compat.session_class()
+        # Imported off the application loop (the SDK takes ~2 s to import).
+        session_cls = (compat.session_class() if self.thread is not None
+                       else await asyncio.to_thread(compat.session_class))
+        if self._stopping:
+            return
         # Constructed on this loop: the SDK's fragment cache starts a cleaning task on
         # whatever loop is current, and its lock binds to the loop it is first used on.
         self._session = session_cls(self.app_id, self.app_secret, self.domain,
@@ -461,13 +502,16 @@ class LongConnection:
         if self._app_loop is None or self._app_loop.is_closed():
             return self._count(500), None
         coro = self.intake.accept(raw, body)
+        if self.thread is None:
+            fut = asyncio.ensure_future(coro)     # the same loop: no thread to cross
+        else:
+            try:
+                fut = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._app_loop))
+            except RuntimeError:          # the application loop closed meanwhile
+                coro.close()
+                return self._count(500), None
         try:
-            fut = asyncio.run_coroutine_threadsafe(coro, self._app_loop)
-        except RuntimeError:          # the application loop closed meanwhile
-            coro.close()
-            return self._count(500), None
-        try:
-            result = await asyncio.wait_for(asyncio.wrap_future(fut), STORE_TIMEOUT)
+            result = await asyncio.wait_for(fut, STORE_TIMEOUT)
         except Exception as e:  # noqa: BLE001 — not stored: 500, Lark delivers it again
             fut.cancel()
             header = body.get("header") if isinstance(body.get("header"), dict) else {}

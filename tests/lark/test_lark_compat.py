@@ -113,6 +113,7 @@ def test_private_attributes_exist_on_a_fresh_client_with_the_expected_types():
     assert session._domain == "http://127.0.0.1:9"
     assert isinstance(session._lock, asyncio.Lock)
     assert callable(getattr(session._cache, "get", None)) and callable(getattr(session._cache, "set", None))
+    assert isinstance(getattr(session._cache, "_cron", None), asyncio.Task), "ExpiringCache._cron (closed by close())"
 
 
 def test_the_wrapped_privates_behave_as_compat_expects():
