@@ -10,11 +10,11 @@ has no way to stop; and it gives up for good once Lark's ``ReconnectCount`` is u
 credentials are refused — a bot that silently stops answering until someone restarts it.
 
 So we keep the SDK's wire protocol (through bot/lark/compat.py, the one module that touches
-its privates) and own the lifecycle. The connection is a task on the application's event loop
-(never the SDK's module ``loop``): an event is stored and answered with no thread to cross —
-on a thread of its own (``ETHAN_WS_OWN_THREAD=true``, the earlier layout) every event crossed
-between two threads twice, each crossing waiting for the interpreter lock, which lengthened the
-acknowledgement tail (bench/bench_ws_ack.py measures both). The SDK is imported and endpoint
+its privates) and own the lifecycle, never touching the SDK's module ``loop``. By default the
+connection runs on a "lark-ws" thread and loop of its own; ``ETHAN_WS_OWN_THREAD=false`` makes
+it a task on the application's loop, where an event is stored and answered with no thread to
+cross (on its own thread every event crosses twice, each crossing waiting for the interpreter
+lock; bench/bench_ws_ack.py measures both layouts in one run). The SDK is imported and endpoint
 discovery runs on short-lived threads, so neither blocks the loop; the endpoint is asked again
 before every attempt.
 
@@ -112,7 +112,7 @@ class LongConnection:
     (and comes back, forever) on its own thread; ``stop()`` closes it and joins the thread."""
 
     def __init__(self, *, app_id: str, app_secret: str, domain: str, intake: Any,
-                 name: str = "lark-ws", retry_max_s: float = RETRY_MAX_S, own_thread: bool = False) -> None:
+                 name: str = "lark-ws", retry_max_s: float = RETRY_MAX_S, own_thread: bool = True) -> None:
         self.app_id, self.app_secret, self.domain = app_id, app_secret, domain
         self.intake = intake       # anything with ``async accept(raw, body)``
         self.name = name
@@ -172,10 +172,9 @@ class LongConnection:
 
     # -- start / stop (application loop side) ------------------------------------------
     def start(self, app_loop: asyncio.AbstractEventLoop) -> None:
-        """Called on the running application loop. By default the connection runs there too
-        (one loop: an event is stored and answered without crossing threads — each crossing
-        waited for the interpreter lock, the long tail of bench_ws_ack); ``own_thread`` puts it
-        on a "lark-ws" thread and loop of its own (``ETHAN_WS_OWN_THREAD``)."""
+        """Called on the running application loop. ``own_thread`` (the default) runs the
+        connection on a "lark-ws" thread and loop of its own; otherwise it runs on this loop too
+        (no thread crossing per event; ``ETHAN_WS_OWN_THREAD=false``)."""
         self._app_loop = app_loop
         self._stop = asyncio.Event()
         self._done = threading.Event()
