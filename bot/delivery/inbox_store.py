@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memory.leases import default_replica_id
-from storage import Database
+from storage import Database, for_update
 
 KEEP_SECONDS = 24 * 3600
 STALE_SECONDS = 30 * 60
@@ -289,6 +289,12 @@ def _claim_conversation(conn, conv_key: str, owner: str, now: float, until: floa
 
 
 def _release_or_next(conn, conv_key: str, owner: str, now: float, cutoff: float) -> list:
+    # The lease row first, locked: an accept storing a row for this conversation (its lease
+    # upsert locks the same row) either committed before — and the SELECT below, a statement of
+    # its own, sees its row — or waits, and after the DELETE claims the lease afresh. Without
+    # it (no global write lock on PostgreSQL) the row could be left unowned with no holder.
+    conn.execute("SELECT owner FROM conversation_leases WHERE conv_key = ? AND owner = ?" + for_update(conn),
+                 (conv_key, owner))
     rows = conn.execute(
         "SELECT * FROM inbox WHERE conv_key = ? AND status = 'pending' AND create_time >= ?"
         " AND (owner IS NULL OR lease_until < ?) ORDER BY id LIMIT ?",
