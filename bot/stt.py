@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import openai
-
 
 class SpeechError(Exception):
     """The transcription failed: ``reason`` is ``unreachable`` (the server down, a timeout, a
@@ -45,6 +43,8 @@ class OpenAICompatibleTranscriber:
         self._client = make_client(api_key=api_key, base_url=base_url or None, stall_timeout=timeout)
 
     async def transcribe(self, audio: bytes, *, filename: str, media_type: str) -> str:
+        import openai   # here, not at module top: `ethan serve` starts without the SDK's ~1 s import
+
         try:
             got = await self._client.audio.transcriptions.create(
                 model=self.model, file=(filename, audio, media_type), response_format="json")
