@@ -50,6 +50,7 @@ from bot.delivery.replicas import Replicas
 from bot.reply import Reply
 from memory.consolidation_queue import ConsolidationQueue
 from memory.consolidator import Consolidator
+from memory.leases import DatabaseClock
 from storage import Database
 from memory.models import caps
 from memory.withdraw import cancel_pending
@@ -163,6 +164,13 @@ class EthanApp:
         warming = asyncio.create_task(asyncio.to_thread(warm_up))
         self.db = await s.open_database().open()
         await self.db.start_checkpointer()
+        # A PostgreSQL database may be shared by any number of replicas: rows, conversations and
+        # consolidation jobs are leased (bot/delivery/replicas.py), in the database's time
+        # (memory/leases.py). A SQLite file serves one process, which answers all of it.
+        shared = self.db.dialect == "postgres"
+        lease_clock = DatabaseClock() if shared else time.time
+        if shared:
+            await lease_clock.sync(self.db)
         sessions = SessionStore(self.db, idle_timeout=s.ethan_session_idle_hours * 3600)
         working = WorkingMemory(self.db, sessions, self.memory_config)
         facts, procedures = FactStore(self.db), ProcedureStore(self.db)
@@ -188,7 +196,8 @@ class EthanApp:
         self.queue = ConsolidationQueue(db=self.db, sessions=sessions, working=working, facts=facts,
                                         profile=profile, episodes=episodes, modes=modes,
                                         consolidator=consolidator, log=get_logger("ethan.consolidation"),
-                                        owner=s.replica_id, claim_seconds=s.ethan_lease_seconds)
+                                        owner=s.replica_id, claim_seconds=s.ethan_lease_seconds,
+                                        clock=lease_clock)
         self.memory = Memory(db=self.db, sessions=sessions, working=working, facts=facts,
                              procedures=procedures, profile=profile, episodes=episodes, modes=modes,
                              queue=self.queue)
@@ -221,16 +230,19 @@ class EthanApp:
         self.commands = Commands(CommandDeps(memory=self.memory, is_admin=s.is_admin,
                                              bot_open_id=self.bot_open_id, runtime=self._runtime,
                                              reminders=self.reminders))
-        # A PostgreSQL database may be shared by any number of replicas: rows and conversations
-        # are leased (bot/delivery/replicas.py). A SQLite file serves one process, which answers all of it.
-        shared = self.db.dialect == "postgres"
         self.inbox = Inbox(self.db, owner=s.replica_id, lease_seconds=s.ethan_lease_seconds,
-                           conversations=shared)
+                           conversations=shared, clock=lease_clock)
         self.redelivery = redelivery = Redelivery(self.inbox, closing=lambda: self.closing, spawn=self._spawn)
         redelivery.in_thread = _in_thread
         if shared:
             self.replicas = redelivery.replicas = Replicas(self.inbox, lambda: self.dispatcher,
-                                                           waiting=lambda: redelivery.waiting)
+                                                           waiting=lambda: redelivery.waiting,
+                                                           clock=lease_clock)
+            if self.recover_inbox:      # `ethan chat` beside a server takes no Lark work
+                await self.replicas.claim_id()      # or ReplicaIdInUse: another live process has the id
+            # Renewing from now on: the id's lease (and every row this replica stores) must
+            # outlive a slow start-up (the model check, MCP servers).
+            self._spawn(self.replicas.heartbeat(), "replica-heartbeat")
         self.outbox = Outbox(self.db)
         deps = HandlerDeps(
             inbox=self.inbox, agent=self.agent, commands=self.commands,
@@ -323,10 +335,8 @@ class EthanApp:
                                        compose=self._compose_reminder,
                                        grace_s=s.ethan_reminder_grace_hours * 3600)
             self.scheduler.start()
-        if self.replicas is not None:
-            self._spawn(self.replicas.heartbeat(), "replica-heartbeat")
-            if self.recover_inbox:      # `ethan chat` beside a server leaves its events alone
-                self._spawn(self.replicas.poll(), "replica-poll")
+        if self.replicas is not None and self.recover_inbox:   # `ethan chat` beside a server leaves its events alone
+            self._spawn(self.replicas.poll(), "replica-poll")
         log.info("app.warmed", warm_up_ms=warm_ms)
         self.ready = True
         log.info("app.ready", url=self.base_url, lark=s.lark_transport if s.lark_enabled else "off",
@@ -527,7 +537,7 @@ class EthanApp:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self.replicas is not None and self.inbox is not None:
+        if self.replicas is not None and self.replicas.id_held:
             # What this replica did not answer goes to the others now, not after the lease
             # (an upgrade one replica at a time leaves no gap).
             try:

@@ -228,6 +228,7 @@ def _loop_factory():
 def _serve(settings: Settings) -> int:
     configure_logging(settings.ethan_log_level)
     from bot.app import serve
+    from bot.delivery.replicas import ReplicaIdInUse
     from storage import DatabaseError
 
     try:
@@ -242,6 +243,9 @@ def _serve(settings: Settings) -> int:
         print(f"ethan: cannot start: database {_database_name(settings)}: {e}{hint}", file=sys.stderr)
         return EXIT_FAIL
     except OSError as e:
+        print(f"ethan: cannot start: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except ReplicaIdInUse as e:
         print(f"ethan: cannot start: {e}", file=sys.stderr)
         return EXIT_FAIL
     return EXIT_OK

@@ -46,12 +46,14 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from memory.consolidator import Consolidator
-from storage import dialect_of, is_database_error
+from memory.leases import JOBS
+from storage import is_database_error
 from memory.modes import COMPANION
 from memory.scope import Scope
 from memory.similarity import similarity
 from memory.speaker import label as speaker_label
-from memory.working import StaleWork, Turn, WorkingMemory, Work
+from memory.consolidation_state import ACTIONS, AFTER, Outcome, Phase, StaleWork, phase
+from memory.working import Turn, WorkingMemory, Work
 
 MIN_EPISODE_TURNS = 2
 EPISODE_RECENT_TURNS = 20       # latest turns given verbatim to the episode summary
@@ -74,34 +76,16 @@ class JobClaims:
         return await self.db.write(_claim_job, session_id, self.owner, now, now + self.lease_seconds)
 
     async def release(self, session_id: str) -> None:
-        await self.db.execute("DELETE FROM consolidation_claims WHERE session_id = ? AND owner = ?",
-                              (session_id, self.owner))
+        await self.db.write(JOBS.release, session_id, self.owner)
 
     async def renew(self) -> int:
-        return await self.db.execute("UPDATE consolidation_claims SET lease_until = ? WHERE owner = ?",
-                                     (self.clock() + self.lease_seconds, self.owner))
+        return await self.db.write(JOBS.renew, self.owner, self.clock() + self.lease_seconds)
 
 
 def _claim_job(conn: Any, session_id: str, owner: str, now: float, until: float) -> bool:
-    if dialect_of(conn) == "postgres":
-        # The claim row is locked for this transaction; a concurrent claimer skips it instead
-        # of queueing behind it, and finds it claimed once this commits.
-        conn.execute("INSERT INTO consolidation_claims(session_id, owner, lease_until) VALUES (?, ?, 0)"
-                     " ON CONFLICT DO NOTHING", (session_id, owner))
-        row = conn.execute(
-            "SELECT session_id FROM consolidation_claims WHERE session_id = ? AND (owner = ? OR lease_until < ?)"
-            " FOR UPDATE SKIP LOCKED", (session_id, owner, now)).fetchone()
-        if row is None:
-            return False
-        conn.execute("UPDATE consolidation_claims SET owner = ?, lease_until = ? WHERE session_id = ?",
-                     (owner, until, session_id))
-        return True
-    # SQLite: one conditional upsert (the write transaction holds the database's write lock).
-    return conn.execute(
-        "INSERT INTO consolidation_claims(session_id, owner, lease_until) VALUES (?, ?, ?)"
-        " ON CONFLICT(session_id) DO UPDATE SET owner = excluded.owner, lease_until = excluded.lease_until"
-        " WHERE consolidation_claims.owner = excluded.owner OR consolidation_claims.lease_until < ?",
-        (session_id, owner, until, now)).rowcount > 0
+    # PostgreSQL: a concurrent claimer skips the locked claim row instead of queueing behind it
+    # (the session is looked at again after a third of the lease).
+    return JOBS.claim(conn, session_id, owner, now, until, wait=False)
 
 
 class ConsolidationQueue:
@@ -294,32 +278,30 @@ class ConsolidationQueue:
 
     async def _job(self, sid: str) -> None:
         # One read for what the job looks at first (this runs after every reply, and usually
-        # finds nothing due): backoff state, session, pending writes and the due work.
+        # finds nothing due): backoff state, session, pending writes and the due work. What
+        # each phase does and what follows each outcome: memory/consolidation_state.py.
         plan = await self.working.plan(sid)
-        state = plan.state
         now = self.clock()
-        if state.next_attempt_at > now:
+        at = phase(plan, now)
+        if at is Phase.BACKING_OFF:
             if sid not in self._timers:
-                self._schedule(sid, state.next_attempt_at - now)
+                self._schedule(sid, plan.state.next_attempt_at - now)
             self._counts["deferred"] += 1
             return
-        if plan.meta is None or (not plan.writes and plan.work is None and plan.meta.closed_at is None):
+        if not ACTIONS[at].claims:
             self._counts["jobs_done"] += 1      # nothing due (the usual case after a reply): no claim
             return
         if not await self.claims.claim(sid):
-            # Another worker (replica) has it: what its job does not cover is looked at again.
-            self._counts["claimed_elsewhere"] += 1
-            self._emit("info", "consolidation_claimed_elsewhere", session_id=sid)
-            self._schedule(sid, self.claims.lease_seconds / 3)
+            await self._after(sid, at, Outcome.CLAIMED_ELSEWHERE)
             return
         try:
             plan = await self.working.plan(sid)     # derived again under the claim
-            await self._claimed_job(sid, plan)
+            await self._claimed_job(sid, at, plan)
         finally:
             with contextlib.suppress(Exception):    # else it expires by itself
                 await self.claims.release(sid)
 
-    async def _claimed_job(self, sid: str, plan: Any) -> None:
+    async def _claimed_job(self, sid: str, at: Phase, plan: Any) -> None:
         try:
             if plan.writes:
                 await self._apply_writes(sid, plan.writes)
@@ -345,17 +327,30 @@ class ConsolidationQueue:
         except asyncio.CancelledError:
             raise
         except StaleWork as e:
+            await self._after(sid, at, Outcome.STALE, e)
+        except Exception as e:
+            await self._after(sid, at, Outcome.FAILED, e)
+
+    async def _after(self, sid: str, at: Phase, outcome: Outcome, error: BaseException | None = None) -> None:
+        """What follows a claimed phase's outcome (memory/consolidation_state.py ``AFTER``)."""
+        what = AFTER[(at, outcome)].what
+        if what == "retry_after_lease_third":
+            # Another worker (replica) has it: what its job does not cover is looked at again.
+            self._counts["claimed_elsewhere"] += 1
+            self._emit("info", "consolidation_claimed_elsewhere", session_id=sid)
+            self._schedule(sid, self.claims.lease_seconds / 3)
+        elif what == "rerun":
             # someone else (another process) did it; derive again
             self._counts["stale"] += 1
-            self._emit("info", "consolidation_stale", session_id=sid, detail=str(e))
+            self._emit("info", "consolidation_stale", session_id=sid, detail=str(error))
             self._rerun.add(sid) if sid in self._running else self.request(sid)
-        except Exception as e:
+        elif what == "backoff":
             self._counts["failures"] += 1
             delay = await self.working.record_failure(
-                sid, f"{type(e).__name__}: {e}", base=self.backoff_base, cap_s=self.backoff_max,
+                sid, f"{type(error).__name__}: {error}", base=self.backoff_base, cap_s=self.backoff_max,
                 now=self.clock(),
             )
-            self._emit("warning", "consolidation_failed", session_id=sid, error=f"{type(e).__name__}: {e}",
+            self._emit("warning", "consolidation_failed", session_id=sid, error=f"{type(error).__name__}: {error}",
                        retry_in=round(delay, 3))
             self._schedule(sid, delay)
 

@@ -23,6 +23,9 @@ the next user message. Per session (``consolidation_state``):
   it reaches ``warm_capacity``, facts are extracted from those turns
   (``extracted_upto``) and the warm rows fold into ``rolling_summary``.
 
+The consolidation state machine itself — the record, what is due, the job's phases and
+transitions — is memory/consolidation_state.py; this module is its store (the SQL).
+
 Reads here are bounded, indexed queries (``messages_session(session_id, id)``
 scanned backwards with a LIMIT): the whole session is never loaded. Writes
 (``commit_*``) are single ``BEGIN IMMEDIATE`` transactions with an optimistic
@@ -39,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from memory.consolidation_state import Plan, StaleWork, State, Work, due_kind
 from memory.speaker import label as speaker_label
 from storage import Database, for_update
 
@@ -60,10 +64,6 @@ HOT_IDS_SQL = (
     "SELECT id FROM messages WHERE session_id = ? AND id > ? AND id < ? AND role = 'user'"
     " AND tool_call_id IS NULL ORDER BY id DESC LIMIT ?"
 )
-
-
-class StaleWork(RuntimeError):
-    """The recorded progress moved since the work was derived (someone else did it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,29 +124,6 @@ class Turn:
     @property
     def answered(self) -> bool:
         return bool(self.assistant)
-
-
-@dataclass(frozen=True, slots=True)
-class State:
-    compressed_upto: int = 0
-    extracted_upto: int = 0
-    rolling_summary: str = ""
-    warm_turns: int = 0
-    episode_upto: int = 0
-    failures: int = 0
-    next_attempt_at: float = 0.0
-    last_error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Work:
-    """Consolidation due for a session: messages in (after_id, upto_id]."""
-
-    session_id: str
-    kind: str           # "compress" | "extract"
-    after_id: int
-    upto_id: int
-    turns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,16 +388,6 @@ def _label_input(content: str | list[dict[str, Any]], name: str) -> str | list[d
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
-    """What a consolidation job starts from (``WorkingMemory.plan``)."""
-
-    state: State
-    meta: SessionMeta | None
-    writes: list[tuple[int, str, str, dict[str, Any]]]   # pending consolidation_writes
-    work: Work | None           # due(); None when nothing is due or the session is gone
-
-
-@dataclass(frozen=True, slots=True)
 class StepInputs:
     state: State
     after_id: int               # turns are the messages in (after_id, upto_id]
@@ -649,16 +616,20 @@ def _snapshot(conn: sqlite3.Connection, session_id: str, before_message_id: int 
 
 def _due(conn: sqlite3.Connection, session_id: str, cfg: MemoryConfig, state: State | None = None) -> Work | None:
     state = state or _state(conn, session_id)
-    if state.warm_turns >= cfg.warm_capacity:
-        return Work(session_id, "extract", state.extracted_upto, state.compressed_upto, state.warm_turns)
     threshold = cfg.hot_size + cfg.compress_batch
-    ids = _user_ids_asc(conn, session_id, state.compressed_upto, threshold + 1)
-    complete = len(ids)
-    if complete <= threshold:
-        last = _last_message(conn, session_id)
-        if ids and last is not None and last.id == ids[-1]:
-            complete -= 1           # the bot is still answering it
-    if complete < threshold:
+    ids: list[int] = []
+    complete = 0
+    if state.warm_turns < cfg.warm_capacity:      # only a compression needs the turns counted
+        ids = _user_ids_asc(conn, session_id, state.compressed_upto, threshold + 1)
+        complete = len(ids)
+        if complete <= threshold:
+            last = _last_message(conn, session_id)
+            if ids and last is not None and last.id == ids[-1]:
+                complete -= 1           # the bot is still answering it
+    kind = due_kind(state, warm_capacity=cfg.warm_capacity, complete_turns=complete, threshold=threshold)
+    if kind == "extract":
+        return Work(session_id, "extract", state.extracted_upto, state.compressed_upto, state.warm_turns)
+    if kind is None:
         return None
     next_user = ids[cfg.compress_batch]
     row = conn.execute(

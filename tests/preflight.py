@@ -27,7 +27,17 @@ def missing() -> list[str]:
     chromium = os.environ.get("ETHAN_CHROMIUM", "/usr/bin/chromium")
     if not (Path(chromium).is_file() and os.access(chromium, os.X_OK)) and not shutil.which(chromium):
         needs.append(f"Chromium at {chromium} (apt-get install chromium, or ETHAN_CHROMIUM=<path>)")
+    if find_faketime() is None:      # tests/replicas: a replica whose clock runs 40 s ahead
+        needs.append("libfaketime (apt-get install faketime)")
     return needs
+
+
+def find_faketime() -> Path | None:
+    """libfaketime's preload library (Debian's multiarch paths), or None."""
+    for path in sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1")) + [Path("/usr/lib/faketime/libfaketime.so.1")]:
+        if path.is_file():
+            return path
+    return None
 
 
 def main() -> int:

@@ -19,12 +19,13 @@ the replica that does.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory.leases import default_replica_id
+from memory.leases import CONVERSATIONS, REPLICA_KEY, default_replica_id, free_sql
 from storage import Database, for_update
 
 KEEP_SECONDS = 24 * 3600
@@ -60,6 +61,9 @@ class Inbox:
         self.db = db
         self.clock = clock
         self.owner = owner or default_replica_id()
+        # This process's hold on the replica id (``hold_identity``): two live processes with
+        # one ETHAN_REPLICA_ID would each take the other's rows for their own (issue 32 M6).
+        self.instance = f"{self.owner}#{secrets.token_hex(6)}"
         self.lease_seconds = float(lease_seconds)
         # Claim the conversation's lease with every stored event (replicas on one database).
         self.conversations = conversations
@@ -125,7 +129,7 @@ class Inbox:
         now = self.clock()
         return await self.db.execute(
             "UPDATE inbox SET attempts = attempts + 1, owner = ?, lease_until = ?"
-            " WHERE id = ? AND status = 'pending' AND (owner IS NULL OR owner = ? OR lease_until < ?)",
+            f" WHERE id = ? AND status = 'pending' AND {free_sql()}",
             (self.owner, now + self.lease_seconds, item_id, self.owner, now)) > 0
 
     async def why_unclaimed(self, item_id: int) -> str:
@@ -153,8 +157,14 @@ class Inbox:
         return await self.db.write(_claim_conversation, conv_key, self.owner, now, now + self.lease_seconds)
 
     async def release(self, conv_key: str) -> None:
-        await self.db.execute("DELETE FROM conversation_leases WHERE conv_key = ? AND owner = ?",
-                              (conv_key, self.owner))
+        await self.db.write(CONVERSATIONS.release, conv_key, self.owner)
+
+    async def hold_identity(self) -> tuple[bool, float]:
+        """Claim this replica id for this process: (claimed, the id's lease end). Refused while
+        another process holds it, i.e. until its lease runs out unrenewed."""
+        now = self.clock()
+        return await self.db.write(_claim_identity, REPLICA_KEY + self.owner, self.instance, now,
+                                   now + self.lease_seconds)
 
     async def release_or_next(self, conv_key: str, *, max_age: float = STALE_SECONDS) -> list[InboxItem]:
         """The holder's worker for the conversation is done: the rows left for it, if any (the
@@ -169,12 +179,12 @@ class Inbox:
         """The heartbeat: extend this replica's leases on the rows it owns and the conversations
         it holds, in one transaction; returns the conversations it still holds (one it lost
         while the heartbeat could not reach the database is no longer its own)."""
-        return await self.db.write(_renew, self.owner, self.clock() + self.lease_seconds)
+        return await self.db.write(_renew, self.owner, self.instance, self.clock() + self.lease_seconds)
 
     async def release_all(self) -> None:
         """At a clean stop: every pending row and conversation of this replica goes back at
         once, so the others take it over without waiting for the lease."""
-        await self.db.write(_release_all, self.owner)
+        await self.db.write(_release_all, self.owner, self.instance)
 
     async def claimable(self, conv_key: str, *, before: int | None = None,
                         max_age: float = STALE_SECONDS) -> list[InboxItem]:
@@ -182,7 +192,7 @@ class Inbox:
         expired), oldest first: what its holder answers next, ``before`` a given row."""
         now = self.clock()
         sql = ("SELECT * FROM inbox WHERE conv_key = ? AND status = 'pending' AND create_time >= ?"
-               " AND (owner IS NULL OR lease_until < ?)")
+               f" AND {free_sql(own=False)}")
         params: list = [conv_key, now - max_age, now]
         if before is not None:
             sql += " AND id < ?"
@@ -281,11 +291,14 @@ def _insert_rows(conn, rows: list[tuple], owner: str, now: float, until: float,
 def _claim_conversation(conn, conv_key: str, owner: str, now: float, until: float) -> bool:
     """Free, ours, or expired -> ours until ``until``. One upsert: its WHERE makes a live
     holder's row untouched (0 rows changed) on both engines, atomically."""
-    return conn.execute(
-        "INSERT INTO conversation_leases(conv_key, owner, lease_until) VALUES (?,?,?)"
-        " ON CONFLICT(conv_key) DO UPDATE SET owner = excluded.owner, lease_until = excluded.lease_until"
-        " WHERE conversation_leases.owner = excluded.owner OR conversation_leases.lease_until < ?",
-        (conv_key, owner, until, now)).rowcount > 0
+    return CONVERSATIONS.claim(conn, conv_key, owner, now, until)
+
+
+def _claim_identity(conn, key: str, instance: str, now: float, until: float) -> tuple[bool, float]:
+    if CONVERSATIONS.claim(conn, key, instance, now, until):
+        return True, until
+    held = CONVERSATIONS.holder(conn, key)
+    return False, held[1] if held else 0.0
 
 
 def _release_or_next(conn, conv_key: str, owner: str, now: float, cutoff: float) -> list:
@@ -300,20 +313,21 @@ def _release_or_next(conn, conv_key: str, owner: str, now: float, cutoff: float)
         " AND (owner IS NULL OR lease_until < ?) ORDER BY id LIMIT ?",
         (conv_key, cutoff, now, ORPHAN_BATCH)).fetchall()
     if not rows:
-        conn.execute("DELETE FROM conversation_leases WHERE conv_key = ? AND owner = ?", (conv_key, owner))
+        CONVERSATIONS.release(conn, conv_key, owner)
     return rows
 
 
-def _renew(conn, owner: str, until: float) -> set[str]:
+def _renew(conn, owner: str, instance: str, until: float) -> set[str]:
     conn.execute("UPDATE inbox SET lease_until = ? WHERE owner = ? AND status = 'pending'", (until, owner))
-    conn.execute("UPDATE conversation_leases SET lease_until = ? WHERE owner = ?", (until, owner))
-    return {r[0] for r in conn.execute(
-        "SELECT conv_key FROM conversation_leases WHERE owner = ?", (owner,)).fetchall()}
+    CONVERSATIONS.renew(conn, owner, until)
+    CONVERSATIONS.renew(conn, instance, until)      # the replica id's own lease (hold_identity)
+    return CONVERSATIONS.held_by(conn, owner)
 
 
-def _release_all(conn, owner: str) -> None:
+def _release_all(conn, owner: str, instance: str) -> None:
     conn.execute("UPDATE inbox SET owner = NULL, lease_until = 0 WHERE owner = ? AND status = 'pending'", (owner,))
-    conn.execute("DELETE FROM conversation_leases WHERE owner = ?", (owner,))
+    CONVERSATIONS.release_all(conn, owner)
+    CONVERSATIONS.release_all(conn, instance)
 
 
 def _item(row) -> InboxItem:

@@ -11,8 +11,14 @@ The leases themselves are the inbox store's (bot/delivery/inbox_store.py); this 
   the lease is released — both in one write transaction, so a replica storing an event for
   the conversation either commits first (its unowned row is found) or finds it free (no
   release race).
-- the heartbeat (every lease/3) renews this replica's leases on its rows and conversations,
-  and releases conversations it holds but no longer works;
+- ``claim_id``: at start, the replica id is this process's alone — a second live process with
+  the same ETHAN_REPLICA_ID would take the first one's rows for its own (both "own" them) and
+  answer a chat out of order, so it refuses to start (``ReplicaIdInUse``, one line). The id's
+  lease is a row the heartbeat renews: a predecessor that died is waited out (at most a lease),
+  one that renews meanwhile is alive;
+- the heartbeat (every lease/3) re-reads the database's clock (every lease time is the
+  database's, memory/leases.py ``DatabaseClock``), renews this replica's leases on its rows,
+  conversations and id, and releases conversations it holds but no longer works;
 - the poll (every ``POLL_S``) submits pending rows nobody works whose conversation is free:
   a dead replica's acknowledged work once its leases expired (no restart needed), and rows
   the release race left behind.
@@ -29,18 +35,32 @@ import asyncio
 from typing import Awaitable, Callable
 
 from bot.delivery.dispatcher import Dispatcher
-from bot.log import get_logger
 from bot.delivery.inbox_store import Inbox, InboxItem
+from bot.log import get_logger
+from memory.leases import DatabaseClock
 
 log = get_logger("ethan.replicas")
 
 POLL_S = 1.0
 
 
+class ReplicaIdInUse(RuntimeError):
+    """Another live process holds this ETHAN_REPLICA_ID on the database."""
+
+    def __init__(self, replica: str) -> None:
+        super().__init__(f"ETHAN_REPLICA_ID={replica} is in use by another live replica on this database "
+                         "(its lease was renewed while this one waited); give every replica its own id, "
+                         "or leave it unset (<hostname>:<pid>)")
+        self.replica = replica
+
+
 class Replicas:
     def __init__(self, inbox: Inbox, dispatcher: Callable[[], Dispatcher | None], *,
-                 waiting: Callable[[], set[int]], poll_s: float = POLL_S) -> None:
+                 waiting: Callable[[], set[int]], poll_s: float = POLL_S,
+                 clock: DatabaseClock | None = None) -> None:
         self.inbox = inbox
+        self.clock = clock               # the database's clock: synced at every beat
+        self.id_held = False             # claim_id succeeded: this process is the id's one replica
         self._dispatcher = dispatcher
         self._waiting = waiting          # rows with a retry timer: answered when it fires, not now
         self.poll_s = poll_s
@@ -54,6 +74,23 @@ class Replicas:
     @property
     def owner(self) -> str:
         return self.inbox.owner
+
+    async def claim_id(self) -> None:
+        """This replica id for this process, or ``ReplicaIdInUse``: a holder whose lease end
+        moves while we wait is alive; one that does not is waited out."""
+        seen: float | None = None
+        while True:
+            ok, until = await self.inbox.hold_identity()
+            if ok:
+                self.id_held = True
+                return
+            if seen is not None and until > seen:
+                log.error("replica.id_in_use", replica=self.owner,
+                          fix="give every replica its own ETHAN_REPLICA_ID, or leave it unset")
+                raise ReplicaIdInUse(self.owner)
+            seen = until
+            # Long enough for a live holder's next beat; no longer than its lease has left.
+            await asyncio.sleep(min(self.heartbeat_s * 1.5, max(0.05, until - self.inbox.clock() + 0.05)))
 
     async def handle(self, item: InboxItem, run: Callable[[InboxItem], Awaitable[None]]) -> None:
         """Answer ``item`` (via ``run``) if this replica may work its conversation now."""
@@ -127,6 +164,8 @@ class Replicas:
                 log.warning(failed, replica=self.owner, error=f"{type(e).__name__}: {e}"[:200])
 
     async def beat(self) -> None:
+        if self.clock is not None:
+            await self.clock.sync(self.inbox.db)
         before = set(self.held)
         still = await self.inbox.renew()
         lost = before - still

@@ -251,3 +251,39 @@ async def test_why_a_row_was_not_claimed(db):
     assert await cancel_pending(db, "om_2") == 1
     assert not await a.start(recalled.id) and await a.why_unclaimed(recalled.id) == "recalled"
     assert await a.why_unclaimed(10_000) == "gone"
+
+
+# -- whose clock, and one process per replica id (issue 32 M6) ----------------------------
+
+async def test_the_lease_clock_is_the_databases_whatever_the_local_clock_says(db):
+    """A process whose clock is 40 s ahead reads the database's time: its leases and the
+    expiry it sees agree with every other replica's."""
+    import time
+
+    from memory.leases import DatabaseClock, database_now
+
+    honest, ahead = DatabaseClock(), DatabaseClock(local=lambda: time.time() + 40.0)
+    await honest.sync(db)
+    await ahead.sync(db)
+    assert abs(ahead.offset + 40.0) < 1.0, ahead.offset
+    assert abs(ahead() - honest()) < 1.0
+    assert abs(await db.read(database_now) - honest()) < 1.0
+
+
+async def test_a_replica_id_is_held_by_one_process_until_its_lease_runs_out(db):
+    clock = Clock()
+    first = Inbox(db, owner="replica-0", lease_seconds=10, clock=clock, conversations=True)
+    twin = Inbox(db, owner="replica-0", lease_seconds=10, clock=clock, conversations=True)
+    assert (await first.hold_identity()) == (True, clock.t + 10)
+    assert (await twin.hold_identity()) == (False, clock.t + 10)
+    assert await first.hold_identity() == (True, clock.t + 10)    # its own: renewed
+    clock.t += 6
+    await first.renew()                                            # the live one's heartbeat
+    assert (await twin.hold_identity()) == (False, clock.t + 10)   # later than first seen: alive
+    # The id's lease is not a conversation: renew() reports only conversations held.
+    assert await first.renew() == set()
+    clock.t += 11                                                  # the first died: no heartbeat
+    assert (await twin.hold_identity())[0]
+    # A clean stop hands the id back at once.
+    await twin.release_all()
+    assert (await first.hold_identity())[0]
