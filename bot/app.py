@@ -221,7 +221,9 @@ class EthanApp:
         from bot.tools.schedule import ReminderTools
         from memory.schedules import ScheduleStore
 
-        self.schedules = ScheduleStore(self.db, owner=s.replica_id or None)
+        # Due times and reminder leases in the database's time too: a replica whose clock runs
+        # ahead would otherwise send a reminder early and take over another's live claim.
+        self.schedules = ScheduleStore(self.db, owner=s.replica_id or None, clock=lease_clock)
         self.zones = UserZones(None, profile, s.ethan_timezone)     # Lark's contact API once connected
         self.reminders = Reminders(self.schedules, self.zones, Limits(
             per_user=s.ethan_reminders_per_user, horizon_days=s.ethan_reminder_horizon_days,
@@ -332,7 +334,7 @@ class EthanApp:
             from bot.scheduler import LarkDelivery, Scheduler
 
             self.scheduler = Scheduler(self.schedules, LarkDelivery(self.sender, self.db),
-                                       compose=self._compose_reminder,
+                                       compose=self._compose_reminder, clock=self.schedules.clock,
                                        grace_s=s.ethan_reminder_grace_hours * 3600)
             self.scheduler.start()
         if self.replicas is not None and self.recover_inbox:   # `ethan chat` beside a server leaves its events alone

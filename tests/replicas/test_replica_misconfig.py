@@ -13,9 +13,14 @@ ETHAN_LEASE_SECONDS below 3 is refused by the settings (tests/bot/test_config.py
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import aiohttp
 
+from memory.schedules import ScheduleStore
+from storage import database
 from tests.preflight import find_faketime
 from tests.reliability.support import wait_until
 from tests.replicas.fleet import LEASE_SECONDS, LarkSender, answered, assert_answered_once, mid, text_event
@@ -75,6 +80,35 @@ async def test_a_replica_whose_clock_is_40_s_ahead_leaves_live_leases_alone(flee
     assert_answered_once(lark, expected)
     took = [e for e in ahead.entries() if e.get("event") == "replica.took_over"]
     assert not took, took
+    for srv in (honest, ahead):
+        code, _ = await srv.terminate()
+        assert code == 0, srv.tail()
+
+
+async def test_a_replica_whose_clock_is_40_s_ahead_sends_a_reminder_at_its_time_once(fleet, lark, model):
+    """Reminder due times and claims are read in the database's time too: the replica 40 s
+    ahead neither sends it 40 s early nor takes over the other's claim."""
+    assert FAKETIME is not None, "libfaketime missing: apt-get install faketime"
+    db = await database(fleet.database_url).open()       # migrates, as a replica would
+    try:
+        # Due after both replicas are up; to the fast clock it is due the moment it starts.
+        due = time.time() + 35
+        local = datetime.fromtimestamp(due, ZoneInfo("UTC")).replace(tzinfo=None).isoformat()
+        await ScheduleStore(db).add(owner_id="ou_clock", chat_id="oc_clock", chat_type="p2p",
+                                    text="clock-reminder", tz="UTC", dtstart=local)
+    finally:
+        await db.close()
+    honest = fleet.add()
+    ahead = fleet.add(ld_preload=str(FAKETIME), faketime="+40s")
+    for srv in (honest, ahead):
+        srv.start()
+    await asyncio.gather(honest.wait_ready(60), ahead.wait_ready(60))
+    sent = lambda: [m for m in lark.messages() if m.kind == "create" and m.text.startswith("clock-reminder")]  # noqa: E731
+    await wait_until(lambda: sent(), 90, "the reminder")
+    await asyncio.sleep(LEASE_SECONDS + 3)      # a second send would have come by now
+    got = sent()
+    assert len(got) == 1, [m.text for m in got]
+    assert got[0].at >= int(due) - 1, f"sent {due - got[0].at:.1f} s before its due time\n{fleet.tails()}"
     for srv in (honest, ahead):
         code, _ = await srv.terminate()
         assert code == 0, srv.tail()
