@@ -236,45 +236,35 @@ class LarkReply(ReplyBase):
         ``confirm`` the text mentions still works); a card Lark refuses falls back to text."""
         from bot.lark.cards import confirm_card
 
-        if self._finished:
-            return
-        self._finished = True
-        self._closing.set()
-        try:
-            card = confirm_card(defuse_mentions(text), command=command, user_id=user_id, chat_type=chat_type)
-            try:
-                mid = await self._sender.reply(self.message_id, "interactive", card,
-                                               uuid=derive_uuid(self.uuid_base, "confirm"),
-                                               chat_id=self.chat_id, in_thread=self.in_thread)
-                if self.record_confirm_card is not None:
-                    await self.record_confirm_card(mid, user_id)
-                self.message_ids.append(mid)
-                self.delivered_as = "card"
-                return
-            except LarkApiError as e:
-                if e.category in GIVE_UP and e.category is not Category.BAD_REQUEST:
-                    raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=True,
-                                        code=e.code, category=e.category.value) from e
-                self._log.info("lark.confirm_card.failed", **e.log_fields())
-            self._finished = False
-            await self.finish(text)
-        finally:
-            await self._clear_reaction()
+        async def sent(mid: str) -> None:
+            if self.record_confirm_card is not None:
+                await self.record_confirm_card(mid, user_id)
+
+        await self._card_or_text(
+            lambda: confirm_card(defuse_mentions(text), command=command, user_id=user_id, chat_type=chat_type),
+            "confirm", text, sent)
 
     async def memory_card(self, view, *, chat_type: str) -> None:
         """/memory as a card with Forget / Correct buttons (bot/lark/memory_card.py); a card
         Lark refuses falls back to the text."""
         from bot.lark.memory_card import memory_card
 
+        await self._card_or_text(lambda: memory_card(view, chat_type=chat_type), "memory", str(view), None)
+
+    async def _card_or_text(self, build, kind: str, text: str, sent) -> None:
+        """The whole answer as one card (``kind`` names its uuid and log line); a card Lark
+        refuses as a bad request falls back to ``text``, anything Lark will never take is final."""
         if self._finished:
             return
         self._finished = True
         self._closing.set()
         try:
             try:
-                mid = await self._sender.reply(self.message_id, "interactive", memory_card(view, chat_type=chat_type),
-                                               uuid=derive_uuid(self.uuid_base, "memory"),
+                mid = await self._sender.reply(self.message_id, "interactive", build(),
+                                               uuid=derive_uuid(self.uuid_base, kind),
                                                chat_id=self.chat_id, in_thread=self.in_thread)
+                if sent is not None:
+                    await sent(mid)
                 self.message_ids.append(mid)
                 self.delivered_as = "card"
                 return
@@ -282,9 +272,9 @@ class LarkReply(ReplyBase):
                 if e.category in GIVE_UP and e.category is not Category.BAD_REQUEST:
                     raise DeliveryError(f"lark code {e.code}: {e.msg}", permanent=True,
                                         code=e.code, category=e.category.value) from e
-                self._log.info("lark.memory_card.failed", **e.log_fields())
+                self._log.info(f"lark.{kind}_card.failed", **e.log_fields())
             self._finished = False
-            await self.finish(str(view))
+            await self.finish(text)
         finally:
             await self._clear_reaction()
 
