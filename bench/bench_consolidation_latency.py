@@ -74,10 +74,10 @@ def _seed_backlog(home: Path, sessions: int, turns: int) -> None:
     """Open sessions with unconsolidated turns, written before the server starts."""
     import asyncio as _asyncio
 
-    from storage import Database
+    from storage import database
 
     path = home / "ethan.db"
-    _asyncio.run(_open_close(Database, path))
+    _asyncio.run(_open_close(database, path))
     now = time.time()
     conn = sqlite3.connect(str(path), isolation_level=None)
     try:

@@ -115,8 +115,9 @@ class Scheduler:
                 log.warning("scheduler.tick_failed", error=str(e)[:300])
                 delay = min(self.max_sleep, 5.0)
             if delay > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                with contextlib.suppress(TimeoutError):     # asyncio.timeout: a cancel is never lost
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
 
     async def tick(self) -> int:
         """Claim what is due and start its deliveries; the number claimed."""

@@ -687,8 +687,11 @@ class PgDatabase:
             raise DatabaseError("database is not open")
         start = time.monotonic()
         try:
-            await asyncio.wait_for(self._slots.acquire(), CHECKOUT_TIMEOUT)
-        except asyncio.TimeoutError:
+            # Not asyncio.wait_for: on 3.11 a cancel that lands as the slot is granted is
+            # swallowed (the caller, e.g. a stopping scheduler, then ran on for 30 s).
+            async with asyncio.timeout(CHECKOUT_TIMEOUT):
+                await self._slots.acquire()
+        except TimeoutError:
             raise DatabaseUnavailable(
                 f"PostgreSQL is busy: no connection free within {CHECKOUT_TIMEOUT:g} s") from None
         return max(0.05, CHECKOUT_TIMEOUT - (time.monotonic() - start))
