@@ -24,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_throughput import _requests  # noqa: E402
-from bench.common import CLK_TCK, Fakes, Server, median, post_all, signed_request, temp_home  # noqa: E402
+from bench.common import CLK_TCK, median, temp_home  # noqa: E402
 from tests.pg_cluster import INSTALL_HINT, Cluster, find_bindir  # noqa: E402
 
 
@@ -48,38 +47,10 @@ def _cluster_cpu(cluster: Cluster) -> float:
 
 
 def _run(convs: int, per_conv: int, conc: int, cluster: Cluster | None, replicas: int) -> dict:
-    with temp_home() as home, Fakes() as fakes:
-        env = {}
-        if cluster is not None:
-            env["ETHAN_DATABASE_URL"] = cluster.new_database()
-        for i in range(replicas):
-            (home / f"r{i}").mkdir()
-        servers = [Server(home / f"r{i}", fakes, **env).start() for i in range(replicas)]
-        try:
-            for i, s in enumerate(servers):
-                warm = [signed_request("hello", chat_id=f"oc_p2p_warm{i}", sender=f"ou_warm{i}")]
-                asyncio.run(post_all(s.url + "/lark/events", warm, 1))
-            fakes.lark.wait_delivered(replicas, 30)
-            reqs = _requests(convs, per_conv)
-            # Replica i gets conversation c's events when c % replicas == i (a sticky balancer).
-            shares = [[r for j, r in enumerate(reqs) if (j // per_conv) % replicas == i] for i in range(replicas)]
-            cpu0 = [s.cpu_seconds() for s in servers]
-            pg0 = _cluster_cpu(cluster) if cluster else 0.0
-            t0 = time.monotonic()
+    """One throughput run, the database next door (bench_scale's run, no delay, no lock sampler)."""
+    from bench.bench_scale import _run_once     # here: bench_scale imports this module
 
-            async def load():
-                return await asyncio.gather(*(post_all(s.url + "/lark/events", share, max(1, conc // replicas))
-                                              for s, share in zip(servers, shares)))
-            results = asyncio.run(load())
-            got = fakes.lark.wait_delivered(len(reqs) + replicas, 300) - replicas
-            wall = time.monotonic() - t0
-            cpu = sum(s.cpu_seconds() - c for s, c in zip(servers, cpu0))
-            pg = (_cluster_cpu(cluster) - pg0) if cluster else 0.0
-            bad = sum(1 for _, statuses in results for st in statuses if st != 200)
-            return {"messages": len(reqs), "delivered": got, "wall": wall, "cpu": cpu, "pg_cpu": pg, "bad": bad}
-        finally:
-            for s in servers:
-                s.stop()
+    return _run_once(convs, per_conv, conc, cluster, replicas, 0.0, sample_locks=False)
 
 
 async def _assembly(target: str, n_facts: int, reps: int, budget: float) -> dict[str, Any]:

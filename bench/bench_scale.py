@@ -72,7 +72,7 @@ class LockSampler:
 
 
 def _run_once(convs: int, per_conv: int, conc: int, cluster: Cluster | None, replicas: int,
-              one_way: float) -> dict:
+              one_way: float, *, sample_locks: bool = True) -> dict:
     with temp_home("ethan-bench-scale-") as home, Fakes() as fakes:
         env, proxy, sampler = {}, None, None
         if cluster is not None:
@@ -96,7 +96,7 @@ def _run_once(convs: int, per_conv: int, conc: int, cluster: Cluster | None, rep
             shares = [[r for j, r in enumerate(reqs) if (j // per_conv) % replicas == i] for i in range(replicas)]
             cpu0 = [s.cpu_seconds() for s in servers]
             pg0 = _cluster_cpu(cluster) if cluster else 0.0
-            if cluster is not None:
+            if cluster is not None and sample_locks:
                 sampler = LockSampler(cluster, dbname).start()
             t0 = time.monotonic()
 
