@@ -28,13 +28,20 @@ def refused(ev: Any) -> bool:
     return not ev.clicker or ev.clicker != ev.asked_by
 
 
+async def refuse(db: Any, bound: Any, *, clicker: str, owner: str, item: str, chat_id: str) -> None:
+    """Another user's click: one log line and an audit row, nothing else (the intake, which
+    answers it with a toast, and the mailbox's own check share it)."""
+    bound.info("card.refused", reason="not the card's owner", owner=owner[-6:])
+    await audit.record(db, clicker, "card.memory", target=item[:60], chat_id=chat_id,
+                       detail="not the card's owner", allowed=False)
+
+
 async def memory_clicked(d: Any, item: Any, ev: Any, bound: Any) -> str:
     """Handle one click (``d``: bot.lifecycle.LifecycleDeps); returns the inbox row's note."""
     bound = bound.bind(user_id=ev.clicker, card_message_id=ev.card_message_id, op=ev.op[:16])
     if refused(ev):
-        bound.info("card.refused", reason="not the card's owner", owner=ev.asked_by[-6:])
-        await audit.record(d.db, ev.clicker, "card.memory", target=f"{ev.item_kind} {ev.item_id}"[:60],
-                           chat_id=ev.chat_id, detail="not the card's owner", allowed=False)
+        await refuse(d.db, bound, clicker=ev.clicker, owner=ev.asked_by, item=f"{ev.item_kind} {ev.item_id}",
+                     chat_id=ev.chat_id)
         return REFUSED
 
     def inbound(text: str) -> Inbound:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bot import memory_clicks
 from bot.lark.cards import confirm_outcome_card, expired_card
 from bot.log import get_logger
 from memory import audit, chat_events
@@ -119,12 +120,12 @@ class CardClicks:
         finished: it changes nothing); the owner's goes on to the mailbox (bot/memory_clicks.py)."""
         clicker = ev.operator.open_id
         if not clicker or clicker != value.get("user"):
-            log.bind(event_id=event_id, user_id=clicker, card_message_id=ev.context.open_message_id,
-                     chat_id=ev.context.open_chat_id).info("card.refused", reason="not the card's owner",
-                                                           owner=str(value.get("user", ""))[-6:])
-            await audit.record(self.db, clicker, "card.memory", target=f"{value.get('kind', '')} {value.get('id', '')}"[:60],
-                               chat_id=ev.context.open_chat_id, detail="not the card's owner", allowed=False)
-            return Decision("refused", response("memory owner only"), acts=False, note="click by another user")
+            bound = log.bind(event_id=event_id, user_id=clicker, card_message_id=ev.context.open_message_id,
+                             chat_id=ev.context.open_chat_id)
+            await memory_clicks.refuse(self.db, bound, clicker=clicker, owner=str(value.get("user", "")),
+                                       item=f"{value.get('kind', '')} {value.get('id', '')}",
+                                       chat_id=ev.context.open_chat_id)
+            return Decision("refused", response("memory owner only"), acts=False, note=memory_clicks.REFUSED)
         return Decision("memory", response("memory on it"), acts=True)
 
     def _verdict(self, card: chat_events.ConfirmCard | None, clicker: str) -> str | None:
