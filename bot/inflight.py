@@ -54,6 +54,6 @@ class InFlight:
             return False
         a.stopped = True
         # Mid-send, the final text goes out and is deleted after (see the module docstring).
-        if not getattr(a.reply, "finishing", False) and a.task is not None:
+        if not a.reply.finishing and a.task is not None:
             a.task.cancel()
         return True

@@ -108,6 +108,12 @@ class ReplyBase:
     async def withdraw(self) -> int:
         return 0        # nothing reached anyone to take back
 
+    @property
+    def finishing(self) -> bool:
+        """Part of WITHDRAW (bot/inflight.py): the final text is being handed over, so a recall
+        lets it finish and withdraws it after. Nothing here is sent in a way a cancel could cut."""
+        return False
+
 
 class CollectingReply(ReplyBase):
     """A Reply that keeps what it was given (terminal, tests, console)."""
