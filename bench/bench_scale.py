@@ -94,6 +94,7 @@ def _run_once(convs: int, per_conv: int, conc: int, cluster: Cluster | None, rep
             fakes.lark.wait_delivered(replicas, 60)
             reqs = _requests(convs, per_conv)
             shares = [[r for j, r in enumerate(reqs) if (j // per_conv) % replicas == i] for i in range(replicas)]
+            trips0 = [s.metric("ethan_database_work", kind="round_trips") for s in servers]
             cpu0 = [s.cpu_seconds() for s in servers]
             pg0 = _cluster_cpu(cluster) if cluster else 0.0
             if cluster is not None and sample_locks:
@@ -108,9 +109,10 @@ def _run_once(convs: int, per_conv: int, conc: int, cluster: Cluster | None, rep
             wall = time.monotonic() - t0
             lock_share = sampler.stop() if sampler else 0.0
             cpu = sum(s.cpu_seconds() - c for s, c in zip(servers, cpu0))
+            trips = sum(s.metric("ethan_database_work", kind="round_trips") - t for s, t in zip(servers, trips0))
             pg = (_cluster_cpu(cluster) - pg0) if cluster else 0.0
             bad = sum(1 for _, statuses in results for st in statuses if st != 200)
-            return {"messages": len(reqs), "delivered": got, "wall": wall, "cpu": cpu, "pg_cpu": pg,
+            return {"messages": len(reqs), "delivered": got, "wall": wall, "cpu": cpu, "pg_cpu": pg, "trips": trips,
                     "bad": bad, "lock_share": lock_share,
                     "lock_kinds": dict(sampler.kinds) if sampler else {}}
         finally:
@@ -152,16 +154,17 @@ def run(quick: bool = False) -> list[str]:
              f"median of {rounds} interleaved round(s); this machine's cores are shared by every replica, "
              "the delay proxy (a process of its own) and PostgreSQL.", "",
              "| backend | replicas | added round trip | msg/s | Ethan CPU ms/msg | PostgreSQL CPU ms/msg "
-             "| lock-wait share | non-200 |", "|---|---|---|---|---|---|---|---|"]
+             "| round trips/msg | lock-wait share | non-200 |", "|---|---|---|---|---|---|---|---|---|"]
     for c, runs in out.items():
         label, backend, n, rtt = c
         cpu = median([r["cpu"] / r["messages"] * 1000 for r in runs])
         pg = median([r["pg_cpu"] / r["messages"] * 1000 for r in runs])
         share = median([r["lock_share"] for r in runs])
+        trips = median([r["trips"] / r["messages"] for r in runs])
         lines.append(f"| {label} | {n} | {rtt} ms | {rate[c]:.0f} | {cpu:.2f} | "
-                     f"{pg:.2f} | {share * 100:.1f} % | {sum(r['bad'] for r in runs)} |"
+                     f"{pg:.2f} | {trips:.1f} | {share * 100:.1f} % | {sum(r['bad'] for r in runs)} |"
                      if backend == "pg" else
-                     f"| {label} | {n} | {rtt} ms | {rate[c]:.0f} | {cpu:.2f} | — | — | {sum(r['bad'] for r in runs)} |")
+                     f"| {label} | {n} | {rtt} ms | {rate[c]:.0f} | {cpu:.2f} | — | — | — | {sum(r['bad'] for r in runs)} |")
     pg = {(n, rtt): rate[("PostgreSQL", "pg", n, rtt)] for _, b, n, rtt in configs if b == "pg"}
     sqlite = rate[configs[0]]
 

@@ -352,6 +352,16 @@ class Server:
         except OSError:
             return ""
 
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the server's ``/metrics`` (0 when it has none such)."""
+        import urllib.request
+        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(want + " "):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
     def cpu_seconds(self) -> float:
         """User + system CPU of the server process (all its threads)."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()

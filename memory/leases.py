@@ -68,6 +68,21 @@ class LeaseTable:
             f" WHERE {t}.owner = excluded.owner OR {t}.lease_until < ?",
             (key, owner, until, now)).rowcount > 0
 
+    def claim_many(self, conn: Any, keys: list[str], owner: str, now: float, until: float) -> set[str]:
+        """:meth:`claim` for several keys in one statement (one round trip on PostgreSQL):
+        the keys claimed. The rows are upserted in sorted key order, so two claimers of
+        overlapping sets lock them in the same order, never in a cycle."""
+        if not keys:
+            return set()
+        t, k = self.table, self.key
+        keys = sorted(set(keys))
+        rows = conn.execute(
+            f"INSERT INTO {t}({k}, owner, lease_until) VALUES {', '.join(['(?,?,?)'] * len(keys))}"
+            f" ON CONFLICT({k}) DO UPDATE SET owner = excluded.owner, lease_until = excluded.lease_until"
+            f" WHERE {t}.owner = excluded.owner OR {t}.lease_until < ? RETURNING {k}",
+            (*[v for key in keys for v in (key, owner, until)], now)).fetchall()
+        return {r[0] for r in rows}
+
     def holder(self, conn: Any, key: str) -> tuple[str, float] | None:
         row = conn.execute(f"SELECT owner, lease_until FROM {self.table} WHERE {self.key} = ?", (key,)).fetchone()
         return None if row is None else (row[0], float(row[1]))

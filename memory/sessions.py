@@ -150,6 +150,7 @@ _MESSAGE_COLS = (
     "m.id, m.session_id, m.role, m.content, m.tool_calls, m.tool_call_id, m.sender_id, "
     "m.sender_name, m.lark_message_id, m.created_at"
 )
+_MESSAGE_RETURNING = _MESSAGE_COLS.replace("m.", "")     # the same columns, as INSERT … RETURNING names them
 _MEMBER_SQL = "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?)"
 
 
@@ -200,13 +201,17 @@ def _close_sync(conn: sqlite3.Connection, session: SessionInfo, now: float) -> S
 def _append_assistant_sync(
     conn: sqlite3.Connection, session_id: str, content: str, calls: str | None, now: float
 ) -> StoredMessage:
-    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+    # One statement (the session's existence, the insert, the stored row): on PostgreSQL
+    # every statement is a round trip, and this runs for every answer.
+    row = conn.execute(
+        "INSERT INTO messages(session_id, role, content, tool_calls, created_at)"
+        " SELECT ?, 'assistant', ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?)"
+        f" RETURNING {_MESSAGE_RETURNING}",
+        (session_id, content, calls, now, session_id),
+    ).fetchone()
+    if row is None:
         raise SessionNotFound(session_id)
-    message_id = conn.execute(
-        "INSERT INTO messages(session_id, role, content, tool_calls, created_at) VALUES (?, 'assistant', ?, ?, ?)",
-        (session_id, content, calls, now),
-    ).lastrowid
-    return _message(conn.execute(f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,)).fetchone())
+    return _message(row)
 
 
 def _close_one_sync(conn: sqlite3.Connection, session_id: str, now: float) -> SessionInfo | None:
@@ -394,11 +399,11 @@ class SessionStore:
             session_id = current.id
             if model and not current.model:
                 conn.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
-        message_id = conn.execute(
+        message = _message(conn.execute(
             "INSERT INTO messages(session_id, role, content, sender_id, sender_name, lark_message_id, created_at) "
-            "VALUES (?, 'user', ?, ?, ?, ?, ?)",
+            f"VALUES (?, 'user', ?, ?, ?, ?, ?) RETURNING {_MESSAGE_RETURNING}",
             (session_id, content, scope.user_id, sender_name, lark_message_id, now),
-        ).lastrowid
+        ).fetchone())
         conn.execute(
             "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
@@ -406,8 +411,6 @@ class SessionStore:
             "updated_at = excluded.updated_at",
             (conv_key, scope.chat_id, scope.thread_id, scope.chat_type, session_id, now),
         )
-        message = _message(conn.execute(
-            f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?", (message_id,)).fetchone())
         session = _session(_session_row(conn, session_id))
         return AppendResult(session, message, created=created, duplicate=False, closed=closed)
 

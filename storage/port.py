@@ -147,6 +147,11 @@ class Database(Protocol):
         ``fn`` from the start, so ``fn`` must do nothing but its statements. Inside
         ``transaction()`` of the same task it joins that transaction."""
 
+    async def write_first(self, fn: Callable[..., T], *args: Any) -> T:
+        """``write``, served before the units already waiting for the database (SQLite's
+        writer, PostgreSQL's connections): for the inbox's commit, which an acknowledgement
+        to Lark waits for (storage/queueing.py)."""
+
     def transaction(self) -> AsyncContextManager[Transaction]:
         """A write transaction across awaits; on PostgreSQL a lost race raises RetryLater."""
 

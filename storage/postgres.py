@@ -48,6 +48,7 @@ from psycopg import errors, pq
 from psycopg.adapt import Dumper, Loader, PyFormat, Transformer
 from psycopg_pool import ConnectionPool
 
+from storage.queueing import PrioritySemaphore
 from storage.port import DatabaseError, DatabaseUnavailable, IntegrityError, NotSupported, RetryLater, SchemaTooNew
 from storage.schema.postgres import PG_MIGRATIONS
 
@@ -307,12 +308,14 @@ class Connection:
         self.raw = raw
         # The unit's BEGIN (and write lock), sent with its first statement (see ``_bound``)
         self.begin = begin
+        self.round_trips = 0        # what UnitStats counts (bench/, tests of "n round trips")
         wire = getattr(raw, "_ethan_wire", None)
         if wire is None:
             wire = raw._ethan_wire = _Wire(raw)   # type: ignore[attr-defined]
         self._wire = wire
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        self.round_trips += 1
         if self.begin is not None:
             begin, self.begin = self.begin, None
             return self._bound(begin, sql, params)
@@ -368,7 +371,13 @@ class Connection:
 
     def serialize(self, key: str) -> None:
         """Wait for, then hold until this transaction ends, the advisory lock of ``key``
-        (``port.serialize``). Its wait is timed into the database's lock-wait counter."""
+        (``port.serialize``). Taken first in a unit (as it should be), it travels with the
+        unit's BEGIN and first statement — one message, one round trip fewer — and its wait is
+        part of that statement's; taken later, it is a statement of its own, timed into the
+        database's lock-wait counter."""
+        if self.begin is not None:
+            self.begin += b"SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)); " % self._wire.tx.as_literal(key)
+            return
         t0 = time.perf_counter()
         self.execute(_SERIALIZE, (key,))
         stats = getattr(self.raw, "_ethan_stats", None)
@@ -404,9 +413,11 @@ class Connection:
         return Cursor([], -1 if tuples is None else tuples, None)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.round_trips += 1       # psycopg pipelines executemany: about one round trip
         if self.begin is not None:
             begin, self.begin = self.begin, None
             _simple(self.raw, begin)
+            self.round_trips += 1
         q, _ = translate(sql)
         if q.endswith(" RETURNING id") and _:
             q = q[: -len(" RETURNING id")]
@@ -490,6 +501,7 @@ class UnitStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.units = 0
+        self.round_trips = 0
         self.unit_seconds = 0.0
         self.lock_wait_seconds = 0.0
         self.retries = 0
@@ -499,6 +511,10 @@ class UnitStats:
         with self._lock:
             self.units += 1
             self.unit_seconds += seconds
+
+    def add_round_trips(self, n: int) -> None:
+        with self._lock:
+            self.round_trips += n
 
     def add_lock_wait(self, seconds: float) -> None:
         with self._lock:
@@ -511,7 +527,7 @@ class UnitStats:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            return {"units": self.units, "unit_seconds": self.unit_seconds,
+            return {"units": self.units, "round_trips": self.round_trips, "unit_seconds": self.unit_seconds,
                     "lock_wait_seconds": self.lock_wait_seconds, "retries": self.retries,
                     "retry_seconds": self.retry_seconds}
 
@@ -605,12 +621,12 @@ class PgDatabase:
         self._pool: ConnectionPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._tx: dict[asyncio.Task, Connection] = {}   # each open transaction() by its task
-        self._slots: asyncio.Semaphore | None = None    # see _slot
+        self._slots: PrioritySemaphore | None = None    # see _slot
         self._checking = False                          # a check of idle connections is running
 
     async def open(self) -> "PgDatabase":
         self._executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="pg")
-        self._slots = asyncio.Semaphore(self.pool_size)
+        self._slots = PrioritySemaphore(self.pool_size)
         params = connect_params(self.url)
         timeout = max(1, int(self.connect_timeout))
         self._pool = ConnectionPool(
@@ -677,12 +693,13 @@ class PgDatabase:
                 self._checking = False
         threading.Thread(target=check, name="pg-check", daemon=True).start()
 
-    async def _slot(self) -> float:
+    async def _slot(self, first: bool = False) -> float:
         """A pooled connection is checked out only by a unit that holds one of ``pool_size``
         slots, taken here on the event loop: no worker thread ever waits for a connection, so a
         transaction that holds a connection (and maybe a row lock others wait for) always finds
         a thread for its next statement. The slot and the checkout together wait at most
-        ``CHECKOUT_TIMEOUT`` (a 503 in time for Lark); returns what is left for the checkout."""
+        ``CHECKOUT_TIMEOUT`` (a 503 in time for Lark); returns what is left for the checkout.
+        ``first``: ahead of the units already waiting (``write_first``)."""
         if self._slots is None:
             raise DatabaseError("database is not open")
         start = time.monotonic()
@@ -690,15 +707,15 @@ class PgDatabase:
             # Not asyncio.wait_for: on 3.11 a cancel that lands as the slot is granted is
             # swallowed (the caller, e.g. a stopping scheduler, then ran on for 30 s).
             async with asyncio.timeout(CHECKOUT_TIMEOUT):
-                await self._slots.acquire()
+                await self._slots.acquire(first)
         except TimeoutError:
             raise DatabaseUnavailable(
                 f"PostgreSQL is busy: no connection free within {CHECKOUT_TIMEOUT:g} s") from None
         return max(0.05, CHECKOUT_TIMEOUT - (time.monotonic() - start))
 
-    async def _run_unit(self, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+    async def _run_unit(self, fn: Callable[..., T], args: tuple, write: bool | None, first: bool = False) -> T:
         slots = self._slots
-        left = await self._slot()
+        left = await self._slot(first)
         try:
             return await self._hop(lambda: self._unit(fn, args, write, left))
         finally:
@@ -726,10 +743,13 @@ class PgDatabase:
             finally:
                 self.stats.add_unit(time.perf_counter() - t0)
 
-    @staticmethod
-    def _once(raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+    def _once(self, raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
         if write is None:
-            return fn(Connection(raw), *args)
+            conn = Connection(raw)
+            try:
+                return fn(conn, *args)
+            finally:
+                self.stats.add_round_trips(conn.round_trips)
         # BEGIN goes with the unit's first statement; a unit that ran none has begun nothing
         # and has nothing to commit.
         conn = Connection(raw, _BEGIN_WRITE if write else _BEGIN_READ)
@@ -737,11 +757,16 @@ class PgDatabase:
             result = fn(conn, *args)
         except BaseException:
             if conn.begin is None:
+                conn.round_trips += 1
                 with contextlib.suppress(Exception):
                     _simple(raw, b"ROLLBACK")
             raise
-        if conn.begin is None:
-            _simple(raw, b"COMMIT")
+        else:
+            if conn.begin is None:
+                conn.round_trips += 1
+                _simple(raw, b"COMMIT")
+        finally:
+            self.stats.add_round_trips(conn.round_trips)
         return result
 
     def _migrate(self) -> None:
@@ -778,6 +803,13 @@ class PgDatabase:
         if conn is not None:
             return await self._hop(lambda: fn(conn, *args))
         return await self._run_unit(fn, args, True)
+
+    async def write_first(self, fn: Callable[..., T], *args: Any) -> T:
+        """``write``, served before the units already waiting for a connection."""
+        conn = self._tx_of_task()
+        if conn is not None:
+            return await self._hop(lambda: fn(conn, *args))
+        return await self._run_unit(fn, args, True, first=True)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return (await self._write_alone(sql, params)).rowcount
@@ -859,6 +891,7 @@ class PgDatabase:
             raise
         finally:
             self.stats.add_unit(time.perf_counter() - t0)
+            self.stats.add_round_trips(conn.round_trips + 2)    # its BEGIN, its COMMIT or ROLLBACK
 
     async def schema_version(self) -> int:
         row = await self.fetchone("SELECT MAX(version) AS v FROM schema_version")

@@ -6,7 +6,9 @@ and versioned migrations recorded in ``schema_version``.
 
 One ``Database`` owns one aiosqlite connection, which belongs to the event
 loop that opened it. Writes are serialised by an asyncio lock so that two
-coroutines never interleave statements inside one transaction.
+coroutines never interleave statements inside one transaction; ``write_first``
+(the inbox's commit, which an acknowledgement waits for) is served before the
+writes already waiting (storage/queueing.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import aiosqlite
 
 from storage._aiosqlite_compat import run_in_thread
 from storage.port import DatabaseError, SchemaTooNew
+from storage.queueing import PrioritySemaphore
 from storage.schema import MIGRATIONS
 
 BUSY_TIMEOUT_MS = 5000
@@ -45,7 +48,7 @@ class SqliteDatabase:
         self.path = str(path)
         self.busy_timeout_ms = busy_timeout_ms
         self._conn: aiosqlite.Connection | None = None
-        self._write_lock = asyncio.Lock()
+        self._write_lock = PrioritySemaphore(1)
         self._tx_owner: asyncio.Task | None = None
         self._checkpointer: threading.Thread | None = None
         self._checkpoint_stop = threading.Event()
@@ -168,13 +171,16 @@ class SqliteDatabase:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """A write transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on error."""
-        async with self._write_lock:
+        async with self._write_lock.hold():
             conn = self.conn
+            # Owned before BEGIN is queued: a read from another task queued after it waits
+            # for the transaction to end (``_read``).
+            self._tx_owner = asyncio.current_task()
             try:
                 await conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as e:
+                self._tx_owner = None
                 raise DatabaseError(f"database is busy ({e}); another process holds the write lock") from e
-            self._tx_owner = asyncio.current_task()
             try:
                 yield conn
             except BaseException:
@@ -188,10 +194,12 @@ class SqliteDatabase:
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[None]:
-        """Reads share the writer's connection; outside the transaction's own task they wait
-        for it to end, so nobody sees another coroutine's uncommitted rows."""
-        if self._write_lock.locked() and asyncio.current_task() is not self._tx_owner:
-            async with self._write_lock:
+        """Reads share the writer's connection; while a ``transaction()`` (a write across awaits)
+        is open, reads of other tasks wait for it to end, so nobody sees another coroutine's
+        uncommitted rows. A one-hop ``write`` needs no wait: it runs whole in the connection's
+        thread, and a read queued behind it runs after its COMMIT."""
+        if self._tx_owner is not None and asyncio.current_task() is not self._tx_owner:
+            async with self._write_lock.hold():
                 yield
         else:
             yield
@@ -231,9 +239,16 @@ class SqliteDatabase:
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` as one write transaction in the SQLite thread (rolled back if
         it raises). Inside ``transaction()`` of the same task it joins that transaction."""
+        return await self._write(fn, args, False)
+
+    async def write_first(self, fn: Callable[..., T], *args: Any) -> T:
+        """``write``, served before the writes already waiting for the writer."""
+        return await self._write(fn, args, True)
+
+    async def _write(self, fn: Callable[..., T], args: tuple, first: bool) -> T:
         if self._tx_owner is not None and asyncio.current_task() is self._tx_owner:
             return await run_in_thread(self.conn, fn, *args)
-        async with self._write_lock:
+        async with self._write_lock.hold(first):
             return await run_in_thread(self.conn, _in_transaction, fn, args)
 
     async def backup_to(self, dest: str | Path) -> None:

@@ -1,4 +1,8 @@
-"""Counting hops to the SQLite thread, for tests of "one round trip per unit of work"."""
+"""Counting round trips to the database, for tests of "n round trips per unit of work".
+
+On SQLite a round trip is a hop to the SQLite thread and back (aiosqlite's ``_execute``); on
+PostgreSQL it is a message to the server and its answer (the engine's own count,
+``PgDatabase.stats``: each statement, and each unit's BEGIN-less COMMIT or ROLLBACK)."""
 
 from __future__ import annotations
 
@@ -8,9 +12,16 @@ from typing import Iterator
 
 @contextlib.contextmanager
 def counting_round_trips(db) -> Iterator[dict]:
-    """``with counting_round_trips(db) as trips: …`` then ``trips["n"]``: calls made to aiosqlite's
-    ``Connection._execute`` (each is one hop to the SQLite thread and back) inside the block."""
+    """``with counting_round_trips(db) as trips: …`` then ``trips["n"]``: round trips made inside
+    the block."""
     trips = {"n": 0}
+    if getattr(db, "dialect", "sqlite") == "postgres":
+        before = db.stats.snapshot()["round_trips"]
+        try:
+            yield trips
+        finally:
+            trips["n"] = db.stats.snapshot()["round_trips"] - before
+        return
     real = db.conn._execute
 
     async def counting(fn, *args, **kwargs):

@@ -94,6 +94,9 @@ def setup_health(web_app: web.Application, ethan: Probed) -> None:
             ethan.metrics.queue_depth.set(ethan.queue.depth)
         if ethan.dispatcher is not None:
             ethan.metrics.conversations.set(ethan.dispatcher.conversations)
+        stats = getattr(getattr(ethan, "db", None), "stats", None)    # PostgreSQL's engine counts its work
+        if stats is not None:
+            ethan.metrics.database_work(stats.snapshot())
         body, ctype = ethan.metrics.render()
         return web.Response(body=body, headers={"Content-Type": ctype})
 
