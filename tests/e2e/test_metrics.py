@@ -77,6 +77,7 @@ async def test_every_series_is_exposed_with_its_type(tmp_path):
         "ethan_model_fallbacks": "counter",
         "ethan_consolidation_queue_depth": "gauge",
         "ethan_active_conversations": "gauge",
+        "ethan_database_work": "gauge",         # PostgreSQL's engine only fills it
         "ethan_reply_latency_seconds": "histogram",
         "ethan_tool_calls": "counter",
         "ethan_tool_latency_seconds": "histogram",
