@@ -799,17 +799,17 @@ class PgDatabase:
         return await self._run_unit(fn, args, False)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        conn = self._tx_of_task()
-        if conn is not None:
-            return await self._hop(lambda: fn(conn, *args))
-        return await self._run_unit(fn, args, True)
+        return await self._write(fn, args, False)
 
     async def write_first(self, fn: Callable[..., T], *args: Any) -> T:
         """``write``, served before the units already waiting for a connection."""
+        return await self._write(fn, args, True)
+
+    async def _write(self, fn: Callable[..., T], args: tuple, first: bool) -> T:
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: fn(conn, *args))
-        return await self._run_unit(fn, args, True, first=True)
+        return await self._run_unit(fn, args, True, first)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return (await self._write_alone(sql, params)).rowcount

@@ -283,7 +283,7 @@ def _insert_rows(conn, rows: list[tuple], owner: str, now: float, until: float,
     transaction: held, the row is this replica's; held elsewhere, the row is stored unowned
     and the holder answers it (in id order, after what it is working on)."""
     if dialect_of(conn) == "postgres":
-        return _insert_rows_batched(conn, rows, owner, until, now, conversations)
+        return _insert_rows_batched(conn, rows, owner, now, until, conversations)
     out: list[tuple[int, bool] | None | Exception] = []
     held: dict[str, bool] = {}
     if conversations:
@@ -309,7 +309,7 @@ def _insert_rows(conn, rows: list[tuple], owner: str, now: float, until: float,
     return out
 
 
-def _insert_rows_batched(conn, rows: list[tuple], owner: str, until: float, now: float,
+def _insert_rows_batched(conn, rows: list[tuple], owner: str, now: float, until: float,
                          conversations: bool) -> list[tuple[int, bool] | None | Exception]:
     """``_insert_rows`` on PostgreSQL: the batch's leases in one statement and its rows in one
     more, so a group commit costs three round trips however many events it holds (one per row
@@ -323,22 +323,21 @@ def _insert_rows_batched(conn, rows: list[tuple], owner: str, until: float, now:
     held: set[str] = set()
     if conversations:
         held = CONVERSATIONS.claim_many(conn, [row[3] for row in rows if row[7] == "pending"], owner, now, until)
+    mine = [not conversations or row[7] != "pending" or row[3] in held for row in rows]
     stored: dict[str, int] = {}
     for start in range(0, len(rows), BATCH_ROWS):
         chunk = rows[start:start + BATCH_ROWS]
         params: list = []
-        for row in chunk:
-            mine = not conversations or row[7] != "pending" or row[3] in held
-            params.extend((*row, owner if mine else None, until if mine else 0))
+        for row, ours in zip(chunk, mine[start:start + BATCH_ROWS]):
+            params.extend((*row, owner if ours else None, until if ours else 0))
         for r in conn.execute(
                 f"INSERT INTO inbox({INSERT_COLUMNS}) VALUES {', '.join(['(' + ','.join('?' * 13) + ')'] * len(chunk))}"
                 " ON CONFLICT DO NOTHING RETURNING id, event_id", params).fetchall():
             stored[r[1]] = int(r[0])
     out: list[tuple[int, bool] | None | Exception] = []
-    for row in rows:
+    for row, ours in zip(rows, mine):
         rowid = stored.pop(row[0], None)      # popped: a second row of the same event is a duplicate
-        mine = not conversations or row[7] != "pending" or row[3] in held
-        out.append(None if rowid is None else (rowid, mine))
+        out.append(None if rowid is None else (rowid, ours))
     return out
 
 
