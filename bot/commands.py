@@ -34,6 +34,7 @@ from bot.inbound import CHANNEL, WEB_API, Inbound
 from bot.log import get_logger
 from bot.text import ambiguous_session, is_chinese, short, when as _when
 from memory.audit import AuditLog
+from memory.consolidation_store import ConsolidationStore
 from memory.erase import erase_user, forget_memory
 from memory.forget import forget_fact, forget_profile_entry
 from memory.modes import COMPANION, WORK, parse_mode
@@ -630,7 +631,7 @@ class Commands:
             # hears about the close (the queue, a restart's recovery) finds nothing to write.
             last = await working.last_message(active.id)
             if last is not None:
-                await working.mark_episode(active.id, last.id)
+                await ConsolidationStore(working.db, working.config).mark_episode(active.id, last.id)
             await sessions.close_active(conv)
         await self._audit(ctx, "reset", conv, ctx.inbound.chat_id,
                                 f"closed session {active.id}" if active else "no active session", allowed=True)

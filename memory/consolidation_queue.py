@@ -3,7 +3,8 @@
 ``request(session_id)`` is synchronous and never blocks: it enqueues the session
 unless it is already queued; a request for a session being worked on re-runs it once
 afterwards (coalescing: at most one job per session in flight). A job derives what is
-due from the database (``WorkingMemory.due``) and does it step by step:
+due from the database (``ConsolidationStore.plan``, memory/consolidation_store.py: where the
+progress is read and advanced) and does it step by step:
 
 - **compress**: the oldest ``compress_batch`` uncompressed turns -> one warm row
   (model call first, then one transaction: warm row + ``compressed_upto`` + ``warm_turns``);
@@ -52,8 +53,10 @@ from memory.modes import COMPANION
 from memory.scope import Scope
 from memory.similarity import similarity
 from memory.speaker import label as speaker_label
-from memory.consolidation_state import ACTIONS, AFTER, Outcome, Phase, StaleWork, phase
-from memory.working import Turn, WorkingMemory, Work
+from memory.consolidation_state import ACTIONS, AFTER, Outcome, Phase, StaleWork, Work, phase
+from memory.consolidation_store import ConsolidationStore, PendingWrite
+from memory.turns import Turn
+from memory.working import WorkingMemory
 
 MIN_EPISODE_TURNS = 2
 EPISODE_RECENT_TURNS = 20       # latest turns given verbatim to the episode summary
@@ -112,6 +115,7 @@ class ConsolidationQueue:
         self.db = db
         self.sessions = sessions
         self.working = working
+        self.store = ConsolidationStore(db, working.config)    # the progress: read and advanced there
         self.facts = facts
         self.profile = profile
         self.episodes = episodes
@@ -195,8 +199,8 @@ class ConsolidationQueue:
         """Re-derive pending work from the database (after a start or a crash)."""
         n = 0
         now = self.clock()
-        for sid in await self.working.sessions_needing_work():
-            state = await self.working.state(sid)
+        for sid in await self.store.sessions_needing_work():
+            state = await self.store.state(sid)
             if state.next_attempt_at > now:
                 self._schedule(sid, state.next_attempt_at - now)
             else:
@@ -280,7 +284,7 @@ class ConsolidationQueue:
         # One read for what the job looks at first (this runs after every reply, and usually
         # finds nothing due): backoff state, session, pending writes and the due work. What
         # each phase does and what follows each outcome: memory/consolidation_state.py.
-        plan = await self.working.plan(sid)
+        plan = await self.store.plan(sid)
         now = self.clock()
         at = phase(plan, now)
         if at is Phase.BACKING_OFF:
@@ -295,7 +299,7 @@ class ConsolidationQueue:
             await self._after(sid, at, Outcome.CLAIMED_ELSEWHERE)
             return
         try:
-            plan = await self.working.plan(sid)     # derived again under the claim
+            plan = await self.store.plan(sid)     # derived again under the claim
             await self._claimed_job(sid, at, plan)
         finally:
             with contextlib.suppress(Exception):    # else it expires by itself
@@ -305,7 +309,7 @@ class ConsolidationQueue:
         try:
             if plan.writes:
                 await self._apply_writes(sid, plan.writes)
-                plan = await self.working.plan(sid)   # applying took a while: derive again
+                plan = await self.store.plan(sid)   # applying took a while: derive again
             meta = plan.meta
             if meta is None:
                 return                      # deleted meanwhile
@@ -317,10 +321,10 @@ class ConsolidationQueue:
                     if work is None:
                         break
                     await self._step(work, meta)
-                    plan = await self.working.plan(sid)     # pending writes and the next work
+                    plan = await self.store.plan(sid)     # pending writes and the next work
                     if plan.writes:
                         await self._apply_writes(sid, plan.writes)
-                        work = await self.working.due(sid)
+                        work = await self.store.due(sid)
                     else:
                         work = plan.work
             self._counts["jobs_done"] += 1
@@ -346,7 +350,7 @@ class ConsolidationQueue:
             self._rerun.add(sid) if sid in self._running else self.request(sid)
         elif what == "backoff":
             self._counts["failures"] += 1
-            delay = await self.working.record_failure(
+            delay = await self.store.record_failure(
                 sid, f"{type(error).__name__}: {error}", base=self.backoff_base, cap_s=self.backoff_max,
                 now=self.clock(),
             )
@@ -356,13 +360,13 @@ class ConsolidationQueue:
 
     # -- steps ---------------------------------------------------------------------------
     async def _step(self, work: Work, meta: Any) -> None:
-        inputs = await self.working.step_inputs(work)      # one read for the step's inputs
+        inputs = await self.store.step_inputs(work)      # one read for the step's inputs
         state, turns, warm = inputs.state, inputs.turns, inputs.warm
         if work.kind == "compress":
             previous = warm[-1].summary if warm else state.rolling_summary
             summary = await self.consolidator.compress(turns, previous_summary=previous)
             first = turns[0].first_id if turns else work.after_id + 1
-            await self.working.commit_compression(work, summary, model=self.consolidator.model, first_msg_id=first)
+            await self.store.commit_compression(work, summary, model=self.consolidator.model, first_msg_id=first)
             self._counts["compressions"] += 1
             self._emit("info", "warm_compressed", session_id=work.session_id, turns=work.turns,
                        upto=work.upto_id)
@@ -373,7 +377,7 @@ class ConsolidationQueue:
         rolling = state.rolling_summary
         if warm:
             rolling = await self.consolidator.fold(state.rolling_summary, [w.summary for w in warm])
-        await self.working.commit_extraction(
+        await self.store.commit_extraction(
             work.session_id, after_id=after, upto_id=upto, writes=writes,
             rolling_summary=rolling, fold_upto=work.upto_id,
         )
@@ -381,7 +385,7 @@ class ConsolidationQueue:
         self._emit("info", "cold_extracted", session_id=work.session_id, writes=len(writes), folded=len(warm))
 
     async def _episode(self, sid: str, meta: Any) -> None:
-        state = await self.working.state(sid)
+        state = await self.store.state(sid)
         last = await self.working.last_message(sid)
         if last is None or last.id <= state.episode_upto:
             return
@@ -389,12 +393,12 @@ class ConsolidationQueue:
         if last.id > state.extracted_upto:
             turns = await self.working.turns(sid, state.extracted_upto, last.id)
             writes = await self._extraction_writes(meta, turns)
-            await self.working.commit_extraction(
+            await self.store.commit_extraction(
                 sid, after_id=state.extracted_upto, upto_id=last.id, writes=writes,
             )
             await self._apply_writes(sid)
             self._counts["final_extractions"] += 1
-            state = await self.working.state(sid)
+            state = await self.store.state(sid)
         # 2. one episode per participating user with >= 2 user turns
         participants = await self._participants(sid)
         due = [(uid, n) for uid, n in participants if n >= MIN_EPISODE_TURNS]
@@ -415,7 +419,7 @@ class ConsolidationQueue:
                     turns=lines, started_at=started, ended_at=ended,
                 )
                 self._counts["episodes"] += 1
-        await self.working.mark_episode(sid, last.id)
+        await self.store.mark_episode(sid, last.id)
         self._emit("info", "episode_done", session_id=sid, episodes=len(due))
 
     async def _said(self, sid: str, upto: int) -> tuple[list[str], float | None, float | None]:
@@ -475,10 +479,10 @@ class ConsolidationQueue:
                 writes.append(("psych", uid, {**where, "entries": extraction.profile_psych}))
         return writes
 
-    async def _apply_writes(self, sid: str, pending: list[tuple[int, str, str, dict[str, Any]]] | None = None) -> None:
+    async def _apply_writes(self, sid: str, pending: list[PendingWrite] | None = None) -> None:
         """Apply the pending writes (``pending``: already read by the caller)."""
         if pending is None:
-            pending = await self.working.pending_writes(sid)
+            pending = await self.store.pending_writes(sid)
         for wid, kind, uid, payload in pending:
             scope = Scope(
                 user_id=uid, chat_id=payload.get("chat_id", ""), chat_type=payload.get("chat_type", ""),
@@ -503,7 +507,7 @@ class ConsolidationQueue:
                         self._counts["psych_written"] += int(n or 0)
                     except ValueError as e:  # ProfileError is a ValueError
                         self._emit("info", "psych_refused", session_id=sid, reason=str(e)[:200])
-            await self.working.done_write(wid)
+            await self.store.done_write(wid)
 
     # -- logging -------------------------------------------------------------------------
     def _emit(self, level: str, event: str, **fields: Any) -> None:

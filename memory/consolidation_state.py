@@ -1,13 +1,13 @@
 """Consolidation's state machine, in one module: a session's progress record, what is due next,
-and what a job does in each phase and after each outcome.
+and what a job does in each phase and after each outcome (pure: no database).
 
-The record (``consolidation_state``, one row per session, read and written by
-memory/working.py's store functions) is :class:`State`. A job (memory/consolidation_queue.py)
-reads a :class:`Plan` in one round trip, classifies it with :func:`phase`, and does what
-:data:`ACTIONS` says for that phase; how it ends (:class:`Outcome`) decides what happens next
-(:data:`AFTER`). Both tables are checked complete by tests/memory/test_consolidation_state.py
-(every phase has an action, every phase that claims has an entry for every outcome, and
-:func:`phase` reaches every phase).
+The record (``consolidation_state``, one row per session) is :class:`State`; every statement
+that reads or advances it is memory/consolidation_store.py's. A job
+(memory/consolidation_queue.py) reads a :class:`Plan` in one round trip, classifies it with
+:func:`phase`, and does what :data:`ACTIONS` says for that phase; how it ends
+(:class:`Outcome`) decides what happens next (:data:`AFTER`). Both tables are checked complete
+by tests/memory/test_consolidation_state.py (every phase has an action, every phase that claims
+has an entry for every outcome, and :func:`phase` reaches every phase).
 
 Progress only moves forward, one committed step at a time:
 
@@ -61,10 +61,10 @@ class Work:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a consolidation job starts from (``WorkingMemory.plan``)."""
+    """What a consolidation job starts from (``ConsolidationStore.plan``)."""
 
     state: State
-    meta: Any                   # memory.working.SessionMeta | None (None: the session is gone)
+    meta: Any                   # memory.turns.SessionMeta | None (None: the session is gone)
     writes: list[tuple[int, str, str, dict[str, Any]]]   # pending consolidation_writes
     work: Work | None           # due(); None when nothing is due or the session is gone
 

@@ -25,7 +25,7 @@ from memory.llm import ChatModel, ModelFailure, ModelRequest, StructuredOutput
 from memory.redact import looks_like_secret, redact
 from memory.speaker import label as speaker_label
 from memory import untrusted
-from memory.working import Turn
+from memory.turns import Turn
 
 CATEGORIES = ("preference", "decision", "knowledge", "correction")
 FACT_ACTIONS = ("add", "reinforce", "update", "contradict")

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from storage.port import (Database, DatabaseError, DatabaseUnavailable, IntegrityError, NotSupported,
-                          RetryLater, SchemaTooNew, Transaction, dialect_of, fetch_all, fetch_one,
-                          for_update, is_database_error, is_database_url, serialize, serialize_tx)
+from storage.port import (Connection, Database, DatabaseError, DatabaseUnavailable, IntegrityError,
+                          NotSupported, RetryLater, SchemaTooNew, Transaction, dialect_of, fetch_all,
+                          fetch_one, for_update, is_database_error, is_database_url, serialize, serialize_tx)
 
-__all__ = ["Database", "DatabaseError", "DatabaseUnavailable", "IntegrityError", "NotSupported",
+__all__ = ["Connection", "Database", "DatabaseError", "DatabaseUnavailable", "IntegrityError", "NotSupported",
            "RetryLater", "SchemaTooNew", "Transaction", "database", "dialect_of", "fetch_all",
            "fetch_one", "for_update", "is_database_error", "is_database_url", "serialize", "serialize_tx"]
 

@@ -105,6 +105,17 @@ def for_update(conn: Any) -> str:
 
 
 @runtime_checkable
+class Connection(Protocol):
+    """What a unit of work ``fn(conn, *args)`` gets from ``read`` / ``write``: a DB-API connection
+    taking SQLite's dialect — ``sqlite3.Connection`` itself, or storage/postgres.py's, which
+    translates — whose ``execute`` returns a cursor (``fetchone``, ``fetchall``)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
+
+
+@runtime_checkable
 class Transaction(Protocol):
     """What ``Database.transaction()`` yields: aiosqlite's connection shape."""
 

@@ -22,6 +22,8 @@ def backend(request) -> str:
 
 from bot.delivery.inbox_store import Inbox
 from memory.audit import AuditLog
+from memory.consolidation_state import Work
+from memory.consolidation_store import ConsolidationStore
 from memory.episodic import EpisodeStore
 from memory.erase import ERASED_PAYLOAD, erase_user, find_user
 from memory.facts import FactStore
@@ -30,7 +32,6 @@ from memory.procedures import ProcedureStore
 from memory.profile import ProfileStore
 from memory.scope import Scope
 from memory.sessions import SessionStore
-from memory.working import Work, WorkingMemory
 from tests.fakes.lark_events import make_text_event
 
 ALICE, BOB = "ou_alice", "ou_bob"
@@ -57,7 +58,7 @@ class World:
     def __init__(self, db) -> None:
         self.db = db
         self.sessions = SessionStore(db)
-        self.working = WorkingMemory(db, self.sessions)
+        self.progress = ConsolidationStore(db)
         self.facts = FactStore(db)
         self.procedures = ProcedureStore(db)
         self.profile = ProfileStore(db)
@@ -104,9 +105,9 @@ class World:
         # warm summary over the group's first turns; consolidation writes for both
         first = (await self.sessions.messages(sid["g"], limit=1))[0].id
         msgs = await self.sessions.messages(sid["g"])
-        await self.working.commit_compression(
+        await self.progress.commit_compression(
             Work(sid["g"], "compress", 0, msgs[3].id, 2), "alice-summary of group", model="m", first_msg_id=first)
-        await self.working.commit_extraction(
+        await self.progress.commit_extraction(
             sid["g"], after_id=0, upto_id=msgs[3].id,
             writes=[("fact", ALICE, {"content": "alice-pending"}), ("fact", BOB, {"content": "bob-pending"})],
             rolling_summary="alice-rolling", fold_upto=msgs[3].id, reset_warm=False)
@@ -182,8 +183,8 @@ async def test_erase_removes_her_words_and_the_replies_to_them(world):
     assert g2.message_count == 2 and g2.user_turns == 1
     # Warm memory derived from her turns is gone; Bob's pending write stays.
     assert await db.fetchall("SELECT * FROM warm_summaries WHERE session_id = ?", (world.sid["g"],)) == []
-    assert (await world.working.state(world.sid["g"])).rolling_summary == ""
-    assert [w[2] for w in await world.working.pending_writes(world.sid["g"])] == [BOB]
+    assert (await world.progress.state(world.sid["g"])).rolling_summary == ""
+    assert [w[2] for w in await world.progress.pending_writes(world.sid["g"])] == [BOB]
     # Full-text search no longer finds her words.
     assert await world.sessions.search("zebra-painting") == []
     assert await world.episodes.search(ALICE, "guitar") == []
@@ -341,7 +342,7 @@ async def test_a_group_episode_with_none_of_the_others_lines_left_is_dropped(db)
     said = await sessions.append_user(scope, "只有我说话", sender_name="Alice")
     sid = said.session.id
     # the episode covers only her line (his came after it was written)
-    await WorkingMemory(db, sessions).mark_episode(sid, said.message.id)
+    await ConsolidationStore(db).mark_episode(sid, said.message.id)
     bob = Scope(user_id=BOB, chat_id=GROUP, chat_type="group", message_id="om_x2")
     await sessions.append_user(bob, "后来我才说话", sender_name="Bob")
     await episodes.write(session_id=sid, user_id=BOB, chat_id=GROUP, chat_type="group",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from memory.consolidation_store import ConsolidationStore
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from bot.delivery.inbox_store import Inbox
 from memory.profile import IDENTITY, ProfileStore
 from memory.scope import Scope
 from memory.sessions import SessionStore
-from memory.working import WorkingMemory
 from storage import Database, database
 
 USER = "ou_shared"
@@ -44,7 +44,7 @@ async def one_task(db: Database, tag: str, i: int) -> None:
     await profile.update(P2P, IDENTITY, ENTRY, "append", source="agent_proactive")    # one entry
     await EpisodeStore(db).write(session_id=session_id, user_id=USER, chat_id=P2P.chat_id, chat_type="p2p",
                                  summary=SUMMARY, turn_count=6, keywords=["咖啡", "杭州"])  # one episode
-    await WorkingMemory(db).record_failure(session_id, f"e{tag}{i}", base=1, cap_s=1)    # a counter
+    await ConsolidationStore(db).record_failure(session_id, f"e{tag}{i}", base=1, cap_s=1)    # a counter
 
 
 async def run(db: Database, tag: str, tasks: int) -> None:

@@ -200,7 +200,7 @@ async def test_two_workers_never_consolidate_one_session_at_once(db_target):
                 res = await a.sessions.append_user(scope, f"q{i}", sender_name="Alice")
                 sid = res.session.id
                 await a.sessions.append_assistant(sid, f"a{i}")
-            assert (await a.working.due(sid)) is not None
+            assert (await a.queue.store.due(sid)) is not None
             a.queue.request(sid)
             b.queue.request(sid)
             await asyncio.gather(a.queue.wait_idle(10), b.queue.wait_idle(10))
@@ -208,7 +208,7 @@ async def test_two_workers_never_consolidate_one_session_at_once(db_target):
             counts = {w.owner: w.queue.stats() for w in (a, b)}
             assert sum(c.get("claimed_elsewhere", 0) for c in counts.values()) >= 1, counts
             assert sum(c.get("stale", 0) for c in counts.values()) == 0, counts
-            assert (await a.working.due(sid)) is None
+            assert (await a.queue.store.due(sid)) is None
             rows = await a.db.fetchall("SELECT COUNT(*) AS n FROM consolidation_claims")
             assert rows[0]["n"] == 0                    # released at the end of the job
         finally:

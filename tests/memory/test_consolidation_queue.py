@@ -295,9 +295,9 @@ async def test_recorded_extraction_survives_a_crash_before_applying(tmp_path, fa
     await w.chat("q1 I love hiking")
     sid = w.session_id
     await w.queue.drain(1)                        # stop the queue, then "crash" after the commit
-    state = await w.working.state(sid)
+    state = await w.queue.store.state(sid)
     last = await w.working.last_message(sid)
-    await w.working.commit_extraction(sid, after_id=state.extracted_upto, upto_id=last.id, writes=[
+    await w.queue.store.commit_extraction(sid, after_id=state.extracted_upto, upto_id=last.id, writes=[
         ("fact", "ou_alice", {"chat_id": "oc_p2p", "chat_type": "p2p", "thread_id": "", "message_id": "",
                               "content": "用户喜欢徒步", "category": "preference", "importance": 0.8,
                               "user_text": "I love hiking"})])
@@ -310,7 +310,7 @@ async def test_recorded_extraction_survives_a_crash_before_applying(tmp_path, fa
         await w2.queue.wait_idle(10)
         facts = await w2.facts.list("ou_alice")
         assert [f.content for f in facts] == ["用户喜欢徒步"]
-        assert await w2.working.pending_writes(sid) == []
+        assert await w2.queue.store.pending_writes(sid) == []
         assert len(fake.requests) == calls
     finally:
         await w2.close()
@@ -341,7 +341,7 @@ async def test_failing_model_call_backs_off_and_nothing_is_half_written(tmp_path
             await w.chat(f"q{i} Bob line about tea", user="ou_bob", name="Bob", **group)
         sid = w.session_id
         # the extraction failed once: nothing of it is written, a retry is scheduled
-        state = await w.working.state(sid)
+        state = await w.queue.store.state(sid)
         assert state.failures == 1 and state.next_attempt_at > 0 and "server" in state.last_error
         assert state.extracted_upto == 0
         assert await w.facts.list("ou_alice") == [] and await w.facts.list("ou_bob") == []
@@ -355,11 +355,11 @@ async def test_failing_model_call_backs_off_and_nothing_is_half_written(tmp_path
         # the timer retries: 0.2 s, then 0.4 s (exponential); the third attempt succeeds
         for _ in range(200):
             await asyncio.sleep(0.02)
-            state = await w.working.state(sid)
+            state = await w.queue.store.state(sid)
             if state.extracted_upto:
                 break
         await w.queue.wait_idle(5)
-        state = await w.working.state(sid)
+        state = await w.queue.store.state(sid)
         assert state.failures == 0 and state.extracted_upto > 0
         bob_calls = [r for r in consolidation_calls(fake, "extract") if "Bob line" in user_texts(r.json)[0]]
         assert [r.answered_with for r in bob_calls[:3]] == ["Error", "Error", "ToolUse"]
@@ -376,11 +376,11 @@ async def test_failing_model_call_backs_off_and_nothing_is_half_written(tmp_path
 
 
 async def test_backoff_is_exponential_and_capped(db):
-    from memory.working import WorkingMemory
+    from memory.consolidation_store import ConsolidationStore
 
     await db.execute("INSERT INTO sessions(id, conv_key, chat_id, chat_type, owner_id, created_at, updated_at)"
                      " VALUES ('s1', 'c', 'c', 'p2p', 'u', 0, 0)")
-    w = WorkingMemory(db, None)
+    w = ConsolidationStore(db)
     delays = [await w.record_failure("s1", "boom", base=1.0, cap_s=5.0, now=100.0) for _ in range(5)]
     assert delays == [1.0, 2.0, 4.0, 5.0, 5.0]
     state = await w.state("s1")
@@ -414,7 +414,7 @@ async def test_credentials_are_not_stored(tmp_path, fake):
         assert sent and all("Zq8#kLp2" not in s for s in sent)      # redacted before it leaves
         facts = await w.facts.list("ou_alice")
         assert [f.content for f in facts] == ["用户喜欢徒步"]        # the secret fact was skipped
-        state = await w.working.state(w.session_id)
+        state = await w.queue.store.state(w.session_id)
         assert state.failures == 0                                    # and the job did not fail
         rows = await w.db.fetchall("SELECT content FROM facts")
         assert all("Zq8" not in r["content"] for r in rows)
@@ -496,7 +496,7 @@ async def test_episode_interrupted_is_recovered(tmp_path, fake):
         assert await w2.queue.recover() == 1
         await w2.queue.wait_idle(10)
         assert len(await w2.episodes.recent("ou_alice")) == 1
-        assert (await w2.working.state(sid)).episode_upto > 0
+        assert (await w2.queue.store.state(sid)).episode_upto > 0
     finally:
         await w2.close()
 
@@ -509,5 +509,26 @@ async def test_stats_and_depth(tmp_path, fake):
         s = w.queue.stats()
         assert s["depth"] == 0 and s["compressions"] == 1 and s["model"] == "claude-haiku-4-5"
         assert s["workers"] == 2
+    finally:
+        await w.close()
+
+
+async def test_a_job_takes_at_most_max_steps_steps_and_the_next_one_goes_on(tmp_path, fake):
+    """A job's steps, each from a fresh plan, stop at ``max_steps``; what is still due is the
+    next job's (none lost, none done twice)."""
+    w = await World(tmp_path / "e.db", fake, config=MemoryConfig(hot_size=3, compress_batch=2)).open()
+    try:
+        await w.queue.drain(1)                  # the jobs below run in this task, one at a time
+        scope = Scope(user_id="ou_alice", chat_id="oc_p2p", chat_type="p2p")
+        for i in range(1, 10):                  # 9 complete turns: three compressions due
+            res = await w.sessions.append_user(scope, f"q{i}", sender_name="Alice")
+            await w.sessions.append_assistant(res.session.id, f"a{i}")
+        sid = res.session.id
+        w.queue.max_steps = 2
+        await w.queue.run_once(sid)
+        assert len(consolidation_calls(fake, "compress")) == 2 and len(await w.warm_rows(sid)) == 2
+        await w.queue.run_once(sid)
+        assert len(consolidation_calls(fake, "compress")) == 3 and len(await w.warm_rows(sid)) == 3
+        assert await w.queue.store.due(sid) is None and w.queue.stats()["jobs_done"] == 2
     finally:
         await w.close()

@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from storage import Database, DatabaseError, NotSupported, database
+from storage import Connection, Database, DatabaseError, NotSupported, database
 
 
 def _count(conn, actor: str | None = None) -> int:
@@ -34,6 +34,9 @@ async def test_the_engines_implement_the_declared_port(db):
     assert isinstance(db, Database)
     assert db.dialect in ("sqlite", "postgres")
     await db.ping()
+    # what a unit of work is given, reading and writing
+    assert await db.read(lambda conn: isinstance(conn, Connection))
+    assert await db.write(lambda conn: isinstance(conn, Connection))
 
 
 async def test_a_write_unit_is_atomic(db):

@@ -1,10 +1,12 @@
 """Layer 2 window: hot / pending / warm / rolling, the request context's exact shape,
-and what consolidation is due — read from the database, no model involved."""
+and what consolidation is due (memory/consolidation_store.py) — read from the database, no
+model involved."""
 
 from __future__ import annotations
 
 import pytest
 
+from memory.consolidation_store import ConsolidationStore
 from memory.scope import Scope
 from memory.sessions import SessionStore
 from memory.working import (
@@ -58,6 +60,11 @@ def wm(db, sessions, config=SMALL) -> WorkingMemory:
     return WorkingMemory(db, sessions, config)
 
 
+def progress(db, config=SMALL) -> ConsolidationStore:
+    """Consolidation's side of the same rows: what is due, the commits that move the window."""
+    return ConsolidationStore(db, config)
+
+
 def texts(messages):
     return [(m["role"], m["content"]) for m in messages]
 
@@ -86,12 +93,13 @@ async def test_empty_session_context_is_just_the_input(db, sessions, convo):
 
 async def test_pairs_come_first_in_spec_shape(db, sessions, convo):
     w = wm(db, sessions)
+    c = progress(db)
     await convo.turns(7)
-    work = await w.due(convo.session_id)
+    work = await c.due(convo.session_id)
     assert work is not None and work.kind == "compress" and work.turns == 2
     turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
     assert [t.user_text for t in turns] == ["q1", "q2"]
-    await w.commit_compression(work, "S1: q1 q2", model="m", first_msg_id=turns[0].first_id)
+    await c.commit_compression(work, "S1: q1 q2", model="m", first_msg_id=turns[0].first_id)
     await db.execute("UPDATE consolidation_state SET rolling_summary = 'LONG' WHERE session_id = ?",
                      (convo.session_id,))
     ctx = await w.build_context(convo.session_id, "now")
@@ -115,6 +123,7 @@ async def test_no_hole_between_summaries_and_replayed_turns(db, sessions, convo)
     up to compressed_upto, then all later turns verbatim — hot_size..hot_size+batch-1 of them."""
     cfg = SMALL
     w = wm(db, sessions, cfg)
+    c = progress(db, cfg)
     for i in range(1, 30):
         current = await convo.user(f"q{i}")
         ctx = await w.build_context(convo.session_id, f"q{i}", before_message_id=current.id)
@@ -126,13 +135,13 @@ async def test_no_hole_between_summaries_and_replayed_turns(db, sessions, convo)
         if i > cfg.hot_size:
             assert cfg.hot_size <= len(replayed) <= cfg.hot_size + cfg.compress_batch - 1, (i, replayed)
         await convo.bot(f"a{i}")
-        work = await w.due(convo.session_id)
+        work = await c.due(convo.session_id)
         if work is not None and work.kind == "compress":
             turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
-            await w.commit_compression(work, " ".join(t.user_text for t in turns), model="m",
+            await c.commit_compression(work, " ".join(t.user_text for t in turns), model="m",
                                        first_msg_id=turns[0].first_id)
         elif work is not None:
-            await w.commit_extraction(convo.session_id, after_id=work.after_id, upto_id=work.upto_id,
+            await c.commit_extraction(convo.session_id, after_id=work.after_id, upto_id=work.upto_id,
                                       writes=[], reset_warm=True)
 
 
@@ -174,11 +183,12 @@ async def test_backlog_is_replayed_up_to_the_budget_then_trimmed_with_a_marker(d
 
 async def test_warm_summaries_are_one_block_each_so_earlier_ones_keep_their_bytes(db, sessions, convo):
     w = wm(db, sessions)
+    c = progress(db)
     await convo.turns(9)
     for _ in range(2):
-        work = await w.due(convo.session_id)
+        work = await c.due(convo.session_id)
         turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
-        await w.commit_compression(work, f"S{turns[0].user_text}", model="m", first_msg_id=turns[0].first_id)
+        await c.commit_compression(work, f"S{turns[0].user_text}", model="m", first_msg_id=turns[0].first_id)
         if _ == 0:
             one = await w.build_context(convo.session_id, "now")
             assert one[0] == {"role": "user", "content": f"{SUMMARY_TAG}\nSq1"}
@@ -226,45 +236,48 @@ async def test_replayed_messages_are_capped(db, sessions, convo):
 
 async def test_due_counts_only_complete_turns(db, sessions, convo):
     w = wm(db, sessions)                       # threshold: hot 3 + batch 2 = 5 complete turns
+    c = progress(db)
     await convo.turns(4)
-    assert await w.due(convo.session_id) is None
+    assert await c.due(convo.session_id) is None
     await convo.user("q5")                     # being answered: not a complete turn yet
-    assert await w.due(convo.session_id) is None
+    assert await c.due(convo.session_id) is None
     await convo.bot("a5")
-    work = await w.due(convo.session_id)
+    work = await c.due(convo.session_id)
     assert work.kind == "compress" and work.after_id == 0
     turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
     assert [(t.user_text, t.assistant_text) for t in turns] == [("q1", "a1"), ("q2", "a2")]
 
 
 async def test_commit_is_atomic_and_never_twice(db, sessions, convo):
-    from memory.working import StaleWork
+    from memory.consolidation_state import StaleWork
 
     w = wm(db, sessions)
+    c = progress(db)
     await convo.turns(5)
-    work = await w.due(convo.session_id)
-    await w.commit_compression(work, "S", model="m", first_msg_id=1)
+    work = await c.due(convo.session_id)
+    await c.commit_compression(work, "S", model="m", first_msg_id=1)
     with pytest.raises(StaleWork):
-        await w.commit_compression(work, "S again", model="m", first_msg_id=1)
+        await c.commit_compression(work, "S again", model="m", first_msg_id=1)
     rows = await db.fetchall("SELECT summary FROM warm_summaries WHERE session_id = ?", (convo.session_id,))
     assert [r["summary"] for r in rows] == ["S"]
-    state = await w.state(convo.session_id)
+    state = await c.state(convo.session_id)
     assert state.compressed_upto == work.upto_id and state.warm_turns == 2
-    assert await w.due(convo.session_id) is None
+    assert await c.due(convo.session_id) is None
 
 
 async def test_extraction_due_after_warm_capacity(db, sessions, convo):
     w = wm(db, sessions)
+    c = progress(db)
     await convo.turns(7)
     for _ in range(2):
-        work = await w.due(convo.session_id)
+        work = await c.due(convo.session_id)
         assert work.kind == "compress"
         turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
-        await w.commit_compression(work, f"S{turns[0].user_text}", model="m", first_msg_id=turns[0].first_id)
+        await c.commit_compression(work, f"S{turns[0].user_text}", model="m", first_msg_id=turns[0].first_id)
         await convo.turns(2, start=100 + _ * 2)
-    work = await w.due(convo.session_id)
+    work = await c.due(convo.session_id)
     assert work.kind == "extract" and work.turns == 4 and work.after_id == 0
-    await w.commit_extraction(convo.session_id, after_id=0, upto_id=work.upto_id, writes=[],
+    await c.commit_extraction(convo.session_id, after_id=0, upto_id=work.upto_id, writes=[],
                               rolling_summary="ROLL", fold_upto=work.upto_id)
     view = await w.view(convo.session_id)
     assert view.long_term == "ROLL" and view.summary == "" and view.warm_turns == 0

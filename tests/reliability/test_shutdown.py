@@ -24,7 +24,8 @@ import aiohttp
 import pytest
 
 from storage.sqlite import SqliteDatabase
-from memory.working import MemoryConfig, WorkingMemory
+from memory.consolidation_store import ConsolidationStore
+from memory.working import MemoryConfig
 from tests.fakes.fake_anthropic import Delay, Text, last_user_text
 from tests.fakes.lark_events import make_text_event
 from tests.harness import Harness
@@ -83,7 +84,7 @@ async def _check_after_stop(db_path, events, delivered_before_stop: set[str], in
     # Derivable: the very query the next start's recovery runs still finds the session.
     db = await SqliteDatabase(db_path).open()
     try:
-        assert long_session in await WorkingMemory(db).sessions_needing_work()
+        assert long_session in await ConsolidationStore(db).sessions_needing_work()
     finally:
         await db.close()
 
