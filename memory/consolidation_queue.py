@@ -4,7 +4,9 @@
 unless it is already queued; a request for a session being worked on re-runs it once
 afterwards (coalescing: at most one job per session in flight). A job derives what is
 due from the database (``ConsolidationStore.plan``, memory/consolidation_store.py: where the
-progress is read and advanced) and does it step by step:
+progress is read and advanced) and works phase by phase, each from a fresh plan: the phase's
+work and what follows its outcome are memory/consolidation_state.py's tables (``ACTIONS``,
+``AFTER``), whose names this module maps to its methods (``WORK``, ``NEXT``):
 
 - **compress**: the oldest ``compress_batch`` uncompressed turns -> one warm row
   (model call first, then one transaction: warm row + ``compressed_upto`` + ``warm_turns``);
@@ -44,7 +46,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from memory.consolidator import Consolidator
 from memory.leases import JOBS
@@ -53,7 +55,7 @@ from memory.modes import COMPANION
 from memory.scope import Scope
 from memory.similarity import similarity
 from memory.speaker import label as speaker_label
-from memory.consolidation_state import ACTIONS, AFTER, Outcome, Phase, StaleWork, Work, phase
+from memory.consolidation_state import ACTIONS, AFTER, Outcome, Phase, Plan, StaleWork, phase
 from memory.consolidation_store import ConsolidationStore, PendingWrite
 from memory.turns import Turn
 from memory.working import WorkingMemory
@@ -285,49 +287,42 @@ class ConsolidationQueue:
         # finds nothing due): backoff state, session, pending writes and the due work. What
         # each phase does and what follows each outcome: memory/consolidation_state.py.
         plan = await self.store.plan(sid)
-        now = self.clock()
-        at = phase(plan, now)
-        if at is Phase.BACKING_OFF:
-            if sid not in self._timers:
-                self._schedule(sid, plan.state.next_attempt_at - now)
-            self._counts["deferred"] += 1
-            return
+        at = phase(plan, self.clock())
         if not ACTIONS[at].claims:
-            self._counts["jobs_done"] += 1      # nothing due (the usual case after a reply): no claim
+            await WORK[ACTIONS[at].work](self, sid, plan)     # nothing due (most replies) or a backoff: no claim
             return
         if not await self.claims.claim(sid):
             await self._after(sid, at, Outcome.CLAIMED_ELSEWHERE)
             return
         try:
             plan = await self.store.plan(sid)     # derived again under the claim
-            await self._claimed_job(sid, at, plan)
+            await self._claimed_job(sid, plan)
         finally:
             with contextlib.suppress(Exception):    # else it expires by itself
                 await self.claims.release(sid)
 
-    async def _claimed_job(self, sid: str, at: Phase, plan: Any) -> None:
+    async def _claimed_job(self, sid: str, plan: Plan) -> None:
+        """Under the claim, phase after phase, each from a fresh plan: the phase's work
+        (``ACTIONS``), then what follows it (``AFTER``), until a phase that does not claim (nothing
+        more is due), a next that ends the job, or ``max_steps`` steps."""
+        at = phase(plan, self.clock())
+        steps = 0
         try:
-            if plan.writes:
-                await self._apply_writes(sid, plan.writes)
-                plan = await self.store.plan(sid)   # applying took a while: derive again
-            meta = plan.meta
-            if meta is None:
-                return                      # deleted meanwhile
-            if meta.closed_at is not None:
-                await self._episode(sid, meta)
-            else:
-                work = plan.work
-                for _ in range(self.max_steps):
-                    if work is None:
-                        break
-                    await self._step(work, meta)
-                    plan = await self.store.plan(sid)     # pending writes and the next work
-                    if plan.writes:
-                        await self._apply_writes(sid, plan.writes)
-                        work = await self.store.due(sid)
-                    else:
-                        work = plan.work
-            self._counts["jobs_done"] += 1
+            while True:
+                action = ACTIONS[at]
+                if not action.claims:
+                    await WORK[action.work](self, sid, plan)
+                    return
+                if action.work == "step":
+                    if steps == self.max_steps:     # the rest waits for the next request
+                        self._counts["jobs_done"] += 1
+                        return
+                    steps += 1
+                await WORK[action.work](self, sid, plan)
+                if not await self._after(sid, at, Outcome.DONE):
+                    return
+                plan = await self.store.plan(sid)
+                at = phase(plan, self.clock())
         except asyncio.CancelledError:
             raise
         except StaleWork as e:
@@ -335,31 +330,56 @@ class ConsolidationQueue:
         except Exception as e:
             await self._after(sid, at, Outcome.FAILED, e)
 
-    async def _after(self, sid: str, at: Phase, outcome: Outcome, error: BaseException | None = None) -> None:
-        """What follows a claimed phase's outcome (memory/consolidation_state.py ``AFTER``)."""
-        what = AFTER[(at, outcome)].what
-        if what == "retry_after_lease_third":
-            # Another worker (replica) has it: what its job does not cover is looked at again.
-            self._counts["claimed_elsewhere"] += 1
-            self._emit("info", "consolidation_claimed_elsewhere", session_id=sid)
-            self._schedule(sid, self.claims.lease_seconds / 3)
-        elif what == "rerun":
-            # someone else (another process) did it; derive again
-            self._counts["stale"] += 1
-            self._emit("info", "consolidation_stale", session_id=sid, detail=str(error))
-            self._rerun.add(sid) if sid in self._running else self.request(sid)
-        elif what == "backoff":
-            self._counts["failures"] += 1
-            delay = await self.store.record_failure(
-                sid, f"{type(error).__name__}: {error}", base=self.backoff_base, cap_s=self.backoff_max,
-                now=self.clock(),
-            )
-            self._emit("warning", "consolidation_failed", session_id=sid, error=f"{type(error).__name__}: {error}",
-                       retry_in=round(delay, 3))
-            self._schedule(sid, delay)
+    async def _after(self, sid: str, at: Phase, outcome: Outcome, error: BaseException | None = None) -> bool:
+        """What follows a claimed phase's outcome (memory/consolidation_state.py ``AFTER``, each
+        next done by its method in ``NEXT``). True: the job goes on under its claim."""
+        return await NEXT[AFTER[(at, outcome)].what](self, sid, error)
+
+    # -- the phases' work (WORK) -----------------------------------------------------------
+    async def _defer(self, sid: str, plan: Plan) -> None:
+        if sid not in self._timers:
+            self._schedule(sid, plan.state.next_attempt_at - self.clock())
+        self._counts["deferred"] += 1
+
+    async def _settle(self, sid: str, plan: Plan) -> None:
+        self._counts["jobs_done"] += 1
+
+    # -- what follows an outcome (NEXT) ----------------------------------------------------
+    async def _finish(self, sid: str, error: BaseException | None) -> bool:
+        self._counts["jobs_done"] += 1
+        return False
+
+    async def _rederive(self, sid: str, error: BaseException | None) -> bool:
+        return True
+
+    async def _retry_after_lease_third(self, sid: str, error: BaseException | None) -> bool:
+        # Another worker (replica) has it: what its job does not cover is looked at again.
+        self._counts["claimed_elsewhere"] += 1
+        self._emit("info", "consolidation_claimed_elsewhere", session_id=sid)
+        self._schedule(sid, self.claims.lease_seconds / 3)
+        return False
+
+    async def _rerun_stale(self, sid: str, error: BaseException | None) -> bool:
+        # someone else (another process) did it; derive again
+        self._counts["stale"] += 1
+        self._emit("info", "consolidation_stale", session_id=sid, detail=str(error))
+        self._rerun.add(sid) if sid in self._running else self.request(sid)
+        return False
+
+    async def _backoff(self, sid: str, error: BaseException | None) -> bool:
+        self._counts["failures"] += 1
+        delay = await self.store.record_failure(
+            sid, f"{type(error).__name__}: {error}", base=self.backoff_base, cap_s=self.backoff_max,
+            now=self.clock(),
+        )
+        self._emit("warning", "consolidation_failed", session_id=sid, error=f"{type(error).__name__}: {error}",
+                   retry_in=round(delay, 3))
+        self._schedule(sid, delay)
+        return False
 
     # -- steps ---------------------------------------------------------------------------
-    async def _step(self, work: Work, meta: Any) -> None:
+    async def _step(self, sid: str, plan: Plan) -> None:
+        work, meta = plan.work, plan.meta
         inputs = await self.store.step_inputs(work)      # one read for the step's inputs
         state, turns, warm = inputs.state, inputs.turns, inputs.warm
         if work.kind == "compress":
@@ -384,7 +404,8 @@ class ConsolidationQueue:
         self._counts["extractions"] += 1
         self._emit("info", "cold_extracted", session_id=work.session_id, writes=len(writes), folded=len(warm))
 
-    async def _episode(self, sid: str, meta: Any) -> None:
+    async def _episode(self, sid: str, plan: Plan) -> None:
+        meta = plan.meta
         state = await self.store.state(sid)
         last = await self.working.last_message(sid)
         if last is None or last.id <= state.episode_upto:
@@ -479,10 +500,9 @@ class ConsolidationQueue:
                 writes.append(("psych", uid, {**where, "entries": extraction.profile_psych}))
         return writes
 
-    async def _apply_writes(self, sid: str, pending: list[PendingWrite] | None = None) -> None:
-        """Apply the pending writes (``pending``: already read by the caller)."""
-        if pending is None:
-            pending = await self.store.pending_writes(sid)
+    async def _apply_writes(self, sid: str, plan: Plan | None = None) -> None:
+        """Apply the pending writes (those of ``plan``, already read, or read now)."""
+        pending: list[PendingWrite] = plan.writes if plan is not None else await self.store.pending_writes(sid)
         for wid, kind, uid, payload in pending:
             scope = Scope(
                 user_id=uid, chat_id=payload.get("chat_id", ""), chat_type=payload.get("chat_type", ""),
@@ -521,6 +541,24 @@ class ConsolidationQueue:
                 getattr(log, level)(event, exc_info=exc_info, **fields)
             except Exception:
                 pass
+
+
+# The queue's method for each name the state machine's tables use (ACTIONS[phase].work,
+# AFTER[(phase, outcome)].what): tests/memory/test_consolidation_state.py checks both complete.
+WORK: dict[str, Callable[[ConsolidationQueue, str, Plan], Awaitable[None]]] = {
+    "defer": ConsolidationQueue._defer,
+    "settle": ConsolidationQueue._settle,
+    "apply_writes": ConsolidationQueue._apply_writes,
+    "episode": ConsolidationQueue._episode,
+    "step": ConsolidationQueue._step,
+}
+NEXT: dict[str, Callable[[ConsolidationQueue, str, BaseException | None], Awaitable[bool]]] = {
+    "finish": ConsolidationQueue._finish,
+    "rederive": ConsolidationQueue._rederive,
+    "retry_after_lease_third": ConsolidationQueue._retry_after_lease_third,
+    "rerun": ConsolidationQueue._rerun_stale,
+    "backoff": ConsolidationQueue._backoff,
+}
 
 
 def _source_line(fact: str, lines: list[str]) -> str:

@@ -4,10 +4,12 @@ and what a job does in each phase and after each outcome (pure: no database).
 The record (``consolidation_state``, one row per session) is :class:`State`; every statement
 that reads or advances it is memory/consolidation_store.py's. A job
 (memory/consolidation_queue.py) reads a :class:`Plan` in one round trip, classifies it with
-:func:`phase`, and does what :data:`ACTIONS` says for that phase; how it ends
-(:class:`Outcome`) decides what happens next (:data:`AFTER`). Both tables are checked complete
-by tests/memory/test_consolidation_state.py (every phase has an action, every phase that claims
-has an entry for every outcome, and :func:`phase` reaches every phase).
+:func:`phase`, and does the work :data:`ACTIONS` names for that phase; how it ends
+(:class:`Outcome`) names what happens next (:data:`AFTER`). The queue maps each name to its
+method (``consolidation_queue.WORK``, ``consolidation_queue.NEXT``). The tables are checked
+complete by tests/memory/test_consolidation_state.py (every phase has an action, every phase
+that claims has an entry for every outcome, :func:`phase` reaches every phase, and the queue
+has a method for every work and every next the tables name).
 
 Progress only moves forward, one committed step at a time:
 
@@ -89,7 +91,8 @@ class Outcome(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Action:
     claims: bool        # the session is claimed (memory/leases.py JOBS) for the work
-    does: str           # what the job does, in the queue's words
+    work: str           # the queue's method for it (consolidation_queue.WORK)
+    does: str           # what that is, in words
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +101,15 @@ class Next:
     why: str
 
 
+# A phase that does not claim ends the job (also one found under a claim: nothing more is due).
 ACTIONS: dict[Phase, Action] = {
-    Phase.BACKING_OFF: Action(False, "schedule a request at next_attempt_at"),
-    Phase.GONE: Action(False, "nothing"),
-    Phase.SETTLED: Action(False, "nothing"),
-    Phase.PENDING_WRITES: Action(True, "apply the pending writes, then derive again"),
-    Phase.EPISODE: Action(True, "final extraction of unread turns, then one episode per participant"),
-    Phase.EXTRACT: Action(True, "extract facts per speaker, fold warm into the rolling summary"),
-    Phase.COMPRESS: Action(True, "compress the oldest batch of complete turns into one warm row"),
+    Phase.BACKING_OFF: Action(False, "defer", "schedule a request at next_attempt_at"),
+    Phase.GONE: Action(False, "settle", "nothing"),
+    Phase.SETTLED: Action(False, "settle", "nothing"),
+    Phase.PENDING_WRITES: Action(True, "apply_writes", "apply the pending writes, then derive again"),
+    Phase.EPISODE: Action(True, "episode", "final extraction of unread turns, then one episode per participant"),
+    Phase.EXTRACT: Action(True, "step", "extract facts per speaker, fold warm into the rolling summary"),
+    Phase.COMPRESS: Action(True, "step", "compress the oldest batch of complete turns into one warm row"),
 }
 
 _CLAIMED = {

@@ -4,8 +4,10 @@ the queue's code follows them (pure: no database).
 - every phase has an action; every phase that claims the session has a next step for every
   outcome, and no other pair is in the table;
 - ``phase`` reaches every phase, each from the plan that means it, in the queue's order;
-- the queue handles every "next" the table can name (read from its source, so a new entry
-  without code fails here);
+- the queue has a method for every work ``ACTIONS`` names (``consolidation_queue.WORK``: every
+  phase, the ones that claim and the ones that end a job) and for every next ``AFTER`` names
+  (``consolidation_queue.NEXT``), called the way the queue calls them — and no method for a
+  name the tables no longer use;
 - ``due_kind``: extract once warm is full (whatever the turns), compress at the threshold.
 """
 
@@ -56,12 +58,24 @@ def test_a_backoff_ends_at_next_attempt_at():
     assert phase(plan, plan.state.next_attempt_at) is Phase.PENDING_WRITES
 
 
-def test_the_queue_handles_every_next_the_table_names():
-    source = inspect.getsource(consolidation_queue.ConsolidationQueue._after)
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)[:3]
+
+
+def test_the_queue_has_a_method_for_every_work_the_table_names():
+    work = consolidation_queue.WORK
+    named = {a.work for a in ACTIONS.values()}
+    assert named == set(work), {"no method": named - set(work), "not in ACTIONS": set(work) - named}
+    for name, fn in work.items():       # awaited as WORK[name](queue, session_id, plan)
+        assert inspect.iscoroutinefunction(fn) and _params(fn) == ["self", "sid", "plan"], name
+
+
+def test_the_queue_has_a_method_for_every_next_the_table_names():
+    nexts = consolidation_queue.NEXT
     named = {n.what for n in AFTER.values()}
-    handled = {w for w in named if f'"{w}"' in source}
-    # "finish" and "rederive" are the claimed job's own flow (the steps loop, the episode's end).
-    assert named - handled == {"finish", "rederive"}, named - handled
+    assert named == set(nexts), {"no method": named - set(nexts), "not in AFTER": set(nexts) - named}
+    for name, fn in nexts.items():      # awaited as NEXT[name](queue, session_id, error) -> go on?
+        assert inspect.iscoroutinefunction(fn) and _params(fn) == ["self", "sid", "error"], name
 
 
 @pytest.mark.parametrize("state, complete, want", [
