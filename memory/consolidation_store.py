@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from memory.consolidation_state import Plan, StaleWork, State, Work, due_kind
-from memory.turns import (MemoryConfig, Turn, WarmSummary, read_last_message, read_meta, read_turns,
+from memory.turns import (MemoryConfig, SessionMeta, Turn, WarmSummary, read_last_message, read_turns,
                           read_warm)
 from storage import Connection, Database, for_update
 
@@ -125,15 +125,31 @@ class ConsolidationStore:
 
 # -- plain functions run in a unit of work (Database.read / Database.write) -----------------
 
+_STATE_COLS = ("compressed_upto", "extracted_upto", "rolling_summary", "warm_turns", "episode_upto",
+               "failures", "next_attempt_at", "last_error")
+# The session's row and its record in one statement (most units that read one read both):
+# the record's columns are NULL when consolidation never ran for it.
+_HEAD_SQL = ("SELECT s.id, s.conv_key, s.chat_id, s.thread_id, s.chat_type, s.closed_at, "
+             + ", ".join(f"c.{c}" for c in _STATE_COLS) + ", c.session_id AS state_of{extra}"
+             " FROM sessions s LEFT JOIN consolidation_state c ON c.session_id = s.id WHERE s.id = ?")
+_STATE_AND_META_SQL = _HEAD_SQL.format(extra="")
+# A plan's head also says what else it must read: the session's last message id (is the newest
+# turn still being answered?) and whether writes are pending.
+_PLAN_HEAD_SQL = _HEAD_SQL.format(
+    extra=", (SELECT MAX(m.id) FROM messages m WHERE m.session_id = s.id) AS last_id,"
+          " EXISTS (SELECT 1 FROM consolidation_writes w WHERE w.session_id = s.id) AS has_writes")
+
+
 def read_state(conn: Connection, session_id: str) -> State:
     """The session's record (the defaults when consolidation never ran for it)."""
     row = conn.execute(
-        "SELECT compressed_upto, extracted_upto, rolling_summary, warm_turns, episode_upto,"
-        " failures, next_attempt_at, last_error FROM consolidation_state WHERE session_id = ?",
+        "SELECT " + ", ".join(_STATE_COLS) + " FROM consolidation_state WHERE session_id = ?",
         (session_id,),
     ).fetchone()
-    if row is None:
-        return State()
+    return State() if row is None else _state(row)
+
+
+def _state(row: Any) -> State:
     return State(
         compressed_upto=row["compressed_upto"],
         extracted_upto=row["extracted_upto"],
@@ -146,6 +162,21 @@ def read_state(conn: Connection, session_id: str) -> State:
     )
 
 
+def _head(row: Any) -> tuple[State, SessionMeta]:
+    state = State() if row["state_of"] is None else _state(row)
+    return state, SessionMeta(row["id"], row["conv_key"], row["chat_id"], row["thread_id"], row["chat_type"],
+                              row["closed_at"])
+
+
+def read_state_and_meta(conn: Connection, session_id: str) -> tuple[State, SessionMeta | None]:
+    """``read_state`` and ``read_meta`` in one statement (no session row: the record alone, in
+    a second statement, and None)."""
+    row = conn.execute(_STATE_AND_META_SQL, (session_id,)).fetchone()
+    if row is None:
+        return read_state(conn, session_id), None
+    return _head(row)
+
+
 def _user_ids_asc(conn: Connection, session_id: str, after_id: int, limit: int) -> list[int]:
     rows = conn.execute(
         "SELECT id FROM messages WHERE session_id = ? AND id > ? AND role = 'user'"
@@ -155,7 +186,9 @@ def _user_ids_asc(conn: Connection, session_id: str, after_id: int, limit: int) 
     return [r["id"] for r in rows]
 
 
-def _due(conn: Connection, session_id: str, cfg: MemoryConfig, state: State | None = None) -> Work | None:
+def _due(conn: Connection, session_id: str, cfg: MemoryConfig, state: State | None = None, *,
+         last_id: int | None = None) -> Work | None:
+    """``last_id``: the session's last message id, when the caller read it already."""
     state = state or read_state(conn, session_id)
     threshold = cfg.hot_size + cfg.compress_batch
     ids: list[int] = []
@@ -163,9 +196,11 @@ def _due(conn: Connection, session_id: str, cfg: MemoryConfig, state: State | No
     if state.warm_turns < cfg.warm_capacity:      # only a compression needs the turns counted
         ids = _user_ids_asc(conn, session_id, state.compressed_upto, threshold + 1)
         complete = len(ids)
-        if complete <= threshold:
-            last = read_last_message(conn, session_id)
-            if ids and last is not None and last.id == ids[-1]:
+        if complete <= threshold and ids:
+            if last_id is None:
+                last = read_last_message(conn, session_id)
+                last_id = last.id if last is not None else None
+            if last_id == ids[-1]:
                 complete -= 1           # the bot is still answering it
     kind = due_kind(state, warm_capacity=cfg.warm_capacity, complete_turns=complete, threshold=threshold)
     if kind == "extract":
@@ -191,10 +226,13 @@ def _step_inputs(conn: Connection, work: Work) -> StepInputs:
 
 
 def _plan(conn: Connection, session_id: str, cfg: MemoryConfig) -> Plan:
-    state = read_state(conn, session_id)
-    meta = read_meta(conn, session_id)
-    work = _due(conn, session_id, cfg, state) if meta is not None else None
-    return Plan(state, meta, _pending_writes(conn, session_id), work)
+    # After every reply: one statement says most of it (the usual answer is "nothing due").
+    row = conn.execute(_PLAN_HEAD_SQL, (session_id,)).fetchone()
+    if row is None:     # the session is gone: its record and writes, if any are left
+        return Plan(read_state(conn, session_id), None, _pending_writes(conn, session_id), None)
+    state, meta = _head(row)
+    work = _due(conn, session_id, cfg, state, last_id=row["last_id"])
+    return Plan(state, meta, _pending_writes(conn, session_id) if row["has_writes"] else [], work)
 
 
 def _pending_writes(conn: Connection, session_id: str) -> list[PendingWrite]:

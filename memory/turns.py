@@ -145,20 +145,33 @@ def read_last_message(conn: Connection, session_id: str) -> Message | None:
     return _message(row) if row else None
 
 
-def read_turns(conn: Connection, session_id: str, after_id: int, before_id: int) -> list[Turn]:
-    """The turns made of the messages in (after_id, before_id)."""
-    rows = conn.execute(
+def read_message_rows(conn: Connection, session_id: str, after_id: int, before_id: int) -> list[Any]:
+    """The rows of the messages in (after_id, before_id), in order (what ``group_turns`` reads)."""
+    return conn.execute(
         "SELECT id, role, content, sender_id, sender_name, lark_message_id, tool_call_id FROM messages"
         " WHERE session_id = ? AND id > ? AND id < ? ORDER BY id",
         (session_id, after_id, before_id),
     ).fetchall()
+
+
+def is_turn_start(row: Any) -> bool:
+    """A user message that is not a tool result."""
+    return row["role"] == "user" and row["tool_call_id"] is None
+
+
+def group_turns(rows: list[Any]) -> list[Turn]:
+    """Message rows (in order) as turns: each starts at a user message; a tool result is no turn."""
     turns: list[Turn] = []
     for row in rows:
-        msg = _message(row)
-        if msg.role == "user" and row["tool_call_id"] is None:
-            turns.append(Turn(user=msg))
-        elif msg.role == "assistant":
+        if is_turn_start(row):
+            turns.append(Turn(user=_message(row)))
+        elif row["role"] == "assistant":
             if not turns:
                 turns.append(Turn(user=None))
-            turns[-1].assistant.append(msg)
+            turns[-1].assistant.append(_message(row))
     return turns
+
+
+def read_turns(conn: Connection, session_id: str, after_id: int, before_id: int) -> list[Turn]:
+    """The turns made of the messages in (after_id, before_id)."""
+    return group_turns(read_message_rows(conn, session_id, after_id, before_id))

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.consolidation_state import State
-from memory.consolidation_store import read_state
+from memory.consolidation_store import read_state, read_state_and_meta
 from memory.speaker import label as speaker_label
-from memory.turns import (MAX_ID, MemoryConfig, Message, SessionMeta, Turn, WarmSummary, read_last_message,
-                          read_meta, read_turns, read_warm)
+from memory.turns import (MAX_ID, MemoryConfig, Message, SessionMeta, Turn, WarmSummary, group_turns,
+                          is_turn_start, read_last_message, read_message_rows, read_meta, read_turns, read_warm)
 from storage import Connection, Database
 
 REPLAY_CAP = 4000                   # chars per replayed stored message
@@ -308,7 +308,12 @@ def _replay(conn: Connection, session_id: str, before_message_id: int | None, st
     if len(ids) > MAX_REPLAY_TURNS:
         ids = ids[:MAX_REPLAY_TURNS]
         beyond = _count_user_turns(conn, session_id, state.compressed_upto, min(ids))
-    turns = read_turns(conn, session_id, min(ids) - 1, boundary)
+    return _trim(read_turns(conn, session_id, min(ids) - 1, boundary), beyond, cfg)
+
+
+def _trim(turns: list[Turn], beyond: int, cfg: MemoryConfig) -> tuple[list[Turn], int]:
+    """The replay budget applied to ``turns`` (oldest first); ``beyond``: turns older still,
+    left out by the query's bound."""
     kept: list[Turn] = []
     tokens = 0
     window = cfg.hot_size + cfg.compress_batch - 1      # what is uncompressed when nothing is late
@@ -322,20 +327,44 @@ def _replay(conn: Connection, session_id: str, before_message_id: int | None, st
     return kept, len(turns) - len(kept) + beyond
 
 
+def _replay_and_view(conn: Connection, session_id: str, before_message_id: int, state: State,
+                     cfg: MemoryConfig) -> tuple[tuple[list[Turn], int], tuple[list[Turn], int]]:
+    """``_replay`` before ``before_message_id`` and ``_replay`` of everything (the view: the
+    current message and what follows it too) from one read of the messages, where both
+    windows start at the same turn — all but a session with more than ``MAX_REPLAY_TURNS``
+    uncompressed turns, which reads the view's window on its own."""
+    ids = _user_ids_desc(conn, session_id, state.compressed_upto, before_message_id, MAX_REPLAY_TURNS + 1)
+    if len(ids) <= MAX_REPLAY_TURNS:
+        start = min(ids) if ids else before_message_id
+        rows = read_message_rows(conn, session_id, start - 1, MAX_ID)
+        tail = [r["id"] for r in rows
+                if r["id"] >= before_message_id and r["id"] > state.compressed_upto and is_turn_start(r)]
+        if len(ids) + len(tail) <= MAX_REPLAY_TURNS:
+            replay = _trim(group_turns([r for r in rows if r["id"] < before_message_id]), 0, cfg) if ids else ([], 0)
+            if not ids and not tail:
+                return replay, ([], 0)
+            first = min(ids) if ids else min(tail)
+            return replay, _trim(group_turns([r for r in rows if r["id"] >= first]), 0, cfg)
+        # more turns than one query's bound: the view's window starts later than the replay's
+    return (_replay(conn, session_id, before_message_id, state, cfg),
+            _replay(conn, session_id, MAX_ID, state, cfg))
+
+
 def _count_user_turns(conn: Connection, session_id: str, after_id: int, before_id: int) -> int:
     row = conn.execute(
         "SELECT COUNT(*) AS n FROM (SELECT 1 FROM messages WHERE session_id = ? AND id > ? AND id < ?"
-        " AND role = 'user' AND tool_call_id IS NULL LIMIT 10000)",
+        " AND role = 'user' AND tool_call_id IS NULL LIMIT 10000) AS t",   # PostgreSQL < 16 wants the alias
         (session_id, after_id, before_id),
     ).fetchone()
     return int(row["n"])
 
 
 def _view(conn: Connection, session_id: str, cfg: MemoryConfig,
-          state: State | None = None, warm: list[WarmSummary] | None = None) -> ContextView:
+          state: State | None = None, warm: list[WarmSummary] | None = None,
+          replayed: tuple[list[Turn], int] | None = None) -> ContextView:
     state = state or read_state(conn, session_id)
     warm = read_warm(conn, session_id) if warm is None else warm
-    hot, trimmed = _replay(conn, session_id, MAX_ID, state, cfg)
+    hot, trimmed = replayed or _replay(conn, session_id, MAX_ID, state, cfg)
     return ContextView(
         long_term=state.rolling_summary,
         summary="\n\n".join(w.summary for w in warm),
@@ -348,9 +377,14 @@ def _view(conn: Connection, session_id: str, cfg: MemoryConfig,
 
 def _snapshot(conn: Connection, session_id: str, before_message_id: int | None, cfg: MemoryConfig,
               with_view: bool) -> _Snapshot:
-    state = read_state(conn, session_id)
-    meta = read_meta(conn, session_id)
+    state, meta = read_state_and_meta(conn, session_id)
     warm = read_warm(conn, session_id)
-    hot, trimmed = _replay(conn, session_id, before_message_id, state, cfg)
-    view = _view(conn, session_id, cfg, state, warm) if with_view else None
+    view = None
+    if with_view and before_message_id is not None:
+        (hot, trimmed), replayed = _replay_and_view(conn, session_id, before_message_id, state, cfg)
+        view = _view(conn, session_id, cfg, state, warm, replayed)
+    else:
+        hot, trimmed = _replay(conn, session_id, before_message_id, state, cfg)
+        if with_view:
+            view = _view(conn, session_id, cfg, state, warm)
     return _Snapshot(state, bool(meta and meta.is_group), warm, hot, view, trimmed)

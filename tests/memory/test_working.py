@@ -302,3 +302,92 @@ def test_config_defaults_match_spec():
         c.hot_size = 3  # frozen
     with pytest.raises(ValueError):
         MemoryConfig(hot_size=0)
+
+
+# -- context_and_view: the request's context and the panel's view from one read -------------
+
+async def _compress_once(db, w, convo) -> None:
+    c = progress(db)
+    work = await c.due(convo.session_id)
+    assert work is not None and work.kind == "compress"
+    turns = await w.turns(convo.session_id, work.after_id, work.upto_id)
+    await c.commit_compression(work, f"S{turns[0].user_text}", model="m", first_msg_id=turns[0].first_id)
+
+
+async def _tool_result(db, session_id: str) -> None:
+    await db.execute("INSERT INTO messages(session_id, role, content, tool_call_id, created_at)"
+                     " VALUES (?, 'user', 'tool says', 'call_1', 0)", (session_id,))
+
+
+SCENES = ["first message", "a few turns", "after a compression", "messages after the current one",
+          "a tool result among them", "over the replay bound"]
+
+
+@pytest.mark.parametrize("scene", SCENES)
+async def test_context_and_view_equal_build_context_and_view(db, sessions, convo, scene, monkeypatch):
+    """One read gives what the two reads give, whatever the session looks like: the replay
+    before the current message, the view of everything (the current message too)."""
+    import memory.working as working
+    w = wm(db, sessions, MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=40, replay_budget=30))
+    current_text = "now"
+    if scene == "a few turns":
+        await convo.turns(3)
+    elif scene == "after a compression":
+        await convo.turns(6)
+        await _compress_once(db, w, convo)
+    elif scene == "a tool result among them":
+        await convo.turns(2)
+        await _tool_result(db, convo.session_id)
+        await convo.bot("after the tool")
+    elif scene == "over the replay bound":
+        monkeypatch.setattr(working, "MAX_REPLAY_TURNS", 3)     # the query's bound, made small
+        await convo.turns(3)
+    elif scene == "messages after the current one":
+        await convo.turns(2)
+    current = await convo.user(current_text)
+    if scene == "messages after the current one":
+        await convo.bot("an answer to the current one")
+        await convo.user("and a queued one")
+        await convo.user("and another")
+    if scene == "over the replay bound":
+        await convo.user("queued after it")      # the view's window starts a turn later
+    sid = convo.session_id
+    got_ctx, got_view = await w.context_and_view(sid, current_text, before_message_id=current.id,
+                                                 speaker_name="Alice")
+    assert got_ctx == await w.build_context(sid, current_text, before_message_id=current.id, speaker_name="Alice")
+    assert got_view == await w.view(sid)
+    assert any(t.user and t.user.id == current.id for t in got_view.hot_turns)
+
+
+async def test_context_and_view_round_trips(db, sessions, convo):
+    """The read every message makes: one hop on SQLite; on PostgreSQL the record with the
+    session's row, the warm rows, the window's ids, its messages (the view's too), and COMMIT."""
+    from tests.round_trips import counting_round_trips
+    w = wm(db, sessions)
+    await convo.turns(4)
+    current = await convo.user("now")
+    with counting_round_trips(db) as trips:
+        await w.context_and_view(convo.session_id, "now", before_message_id=current.id)
+    assert trips["n"] == (1 if db.dialect == "sqlite" else 5), trips
+
+
+async def test_a_plan_with_nothing_due_is_three_round_trips(db, sessions, convo):
+    """After every reply the queue asks for a plan: one statement says what is due, then the
+    turns counted, then COMMIT (the pending writes are read only when there are some)."""
+    from tests.round_trips import counting_round_trips
+    await convo.turns(2)
+    with counting_round_trips(db) as trips:
+        plan = await progress(db).plan(convo.session_id)
+    assert plan.work is None and plan.writes == [] and plan.meta.id == convo.session_id
+    assert trips["n"] == (1 if db.dialect == "sqlite" else 3), trips
+
+
+async def test_a_plan_leaves_the_turn_being_answered_out(db, sessions, convo):
+    """A compression is due once ``hot_size + compress_batch`` turns are complete: the newest
+    user message without its answer yet is not one (the plan reads the last id in its head)."""
+    c = progress(db)
+    await convo.turns(4)
+    await convo.user("q5")                       # the bot is still answering it
+    assert (await c.plan(convo.session_id)).work is None
+    await convo.bot("a5")
+    assert (await c.plan(convo.session_id)).work.kind == "compress"
