@@ -151,6 +151,23 @@ _MESSAGE_COLS = (
     "m.sender_name, m.lark_message_id, m.created_at"
 )
 _MESSAGE_RETURNING = _MESSAGE_COLS.replace("m.", "")     # the same columns, as INSERT … RETURNING names them
+_SESSION_FIELDS = [c.strip()[2:] for c in _SESSION_COLS.split(",")]
+# append_user's first statement: the conversation's open active session (NULLs when none) and
+# whether the Lark message is stored already (dup_id), in one round trip.
+_ACTIVE_OR_DUPLICATE_SQL = (
+    f"SELECT {_SESSION_COLS}, (SELECT d.id FROM messages d WHERE d.lark_message_id = ? AND d.role = 'user'"
+    " LIMIT 1) AS dup_id FROM (SELECT 1 AS one) x LEFT JOIN conversations c ON c.conv_key = ?"
+    " LEFT JOIN sessions s ON s.id = c.active_session_id AND s.closed_at IS NULL"
+)
+# append_user's last statement: the conversation points at the session, and returns the
+# session's row (each column a subquery: RETURNING names the upserted table's columns only).
+_POINT_CONVERSATION_SQL = (
+    "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
+    "active_session_id = excluded.active_session_id, chat_type = excluded.chat_type, "
+    "updated_at = excluded.updated_at RETURNING "
+    + ", ".join(f"(SELECT s.{c} FROM sessions s WHERE s.id = ?) AS {c}" for c in _SESSION_FIELDS)
+)
 _MEMBER_SQL = "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?)"
 
 
@@ -372,17 +389,14 @@ class SessionStore:
         serialize(conn, "conversation", conv_key)
         closed: SessionInfo | None = None
         created = False
-        if lark_message_id:
-            row = conn.execute(
-                f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.lark_message_id = ? AND m.role = 'user'",
-                (lark_message_id,),
-            ).fetchone()
-            if row is not None:
-                message = _message(row)
-                return AppendResult(_session(_session_row(conn, message.session_id)), message,
-                                    created=False, duplicate=True, closed=None)
+        row = conn.execute(_ACTIVE_OR_DUPLICATE_SQL, (lark_message_id, conv_key)).fetchone()
+        if row["dup_id"] is not None:
+            message = _message(conn.execute(f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.id = ?",
+                                            (row["dup_id"],)).fetchone())
+            return AppendResult(_session(_session_row(conn, message.session_id)), message,
+                                created=False, duplicate=True, closed=None)
 
-        current = _active_sync(conn, conv_key)
+        current = _session(row) if row["id"] is not None else None
         if current is not None and now - current.updated_at > self.idle_timeout:
             closed = _close_sync(conn, current, now)
             current = None
@@ -404,14 +418,13 @@ class SessionStore:
             f"VALUES (?, 'user', ?, ?, ?, ?, ?) RETURNING {_MESSAGE_RETURNING}",
             (session_id, content, scope.user_id, sender_name, lark_message_id, now),
         ).fetchone())
-        conn.execute(
-            "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
-            "active_session_id = excluded.active_session_id, chat_type = excluded.chat_type, "
-            "updated_at = excluded.updated_at",
-            (conv_key, scope.chat_id, scope.thread_id, scope.chat_type, session_id, now),
-        )
-        session = _session(_session_row(conn, session_id))
+        # The session as the message's triggers left it, read by the last statement (one round
+        # trip fewer than a SELECT of its own).
+        session = _session(conn.execute(
+            _POINT_CONVERSATION_SQL,
+            (conv_key, scope.chat_id, scope.thread_id, scope.chat_type, session_id, now)
+            + (session_id,) * len(_SESSION_FIELDS),
+        ).fetchone())
         return AppendResult(session, message, created=created, duplicate=False, closed=closed)
 
     async def append_assistant(

@@ -659,3 +659,25 @@ async def test_locked_database_gives_a_clear_error_and_loses_nothing(tmp_path, c
         assert [m.content for m in await store.messages(res.session.id)] == ["before", "after"]
     finally:
         await db.close()
+
+
+async def test_append_user_returns_the_session_as_stored_in_four_round_trips(db):
+    """What append_user returns is the session row after the message's triggers (counts,
+    updated_at) — the same as reading it afterwards; on PostgreSQL the usual append (an open
+    session) is four round trips: the active session with the duplicate check, the message, the
+    conversation with the session's row, COMMIT (a new session adds its id check and insert)."""
+    from tests.round_trips import counting_round_trips
+    clock = Clock()
+    store = SessionStore(db, clock=clock)
+    first = await store.append_user(A_P2P, "hello", model="m1", lark_message_id="om_1")
+    assert first.created and first.session == await store.get(first.session.id)
+    assert (first.session.message_count, first.session.user_turns) == (1, 1)
+    await store.append_assistant(first.session.id, "hi")
+    clock.advance(5)
+    with counting_round_trips(db) as trips:
+        second = await store.append_user(A_P2P, "again", lark_message_id="om_2")
+    assert not second.created and second.session == await store.get(first.session.id)
+    assert (second.session.message_count, second.session.user_turns, second.session.updated_at) == (3, 2, T0 + 5)
+    assert trips["n"] == (1 if db.dialect == "sqlite" else 4), trips
+    again = await store.append_user(A_P2P, "again", lark_message_id="om_2")     # Lark's redelivery
+    assert again.duplicate and again.message == second.message and again.session == await store.get(first.session.id)
