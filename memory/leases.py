@@ -90,6 +90,11 @@ class LeaseTable:
     def release(self, conn: Any, key: str, owner: str) -> int:
         return conn.execute(f"DELETE FROM {self.table} WHERE {self.key} = ? AND owner = ?", (key, owner)).rowcount
 
+    def release_unless(self, conn: Any, key: str, owner: str, exists_sql: str, params: tuple) -> bool:
+        """``release`` unless ``EXISTS (exists_sql)``, in one statement: True if it released."""
+        return conn.execute(f"DELETE FROM {self.table} WHERE {self.key} = ? AND owner = ?"
+                            f" AND NOT EXISTS ({exists_sql})", (key, owner, *params)).rowcount > 0
+
     def release_all(self, conn: Any, owner: str) -> int:
         return conn.execute(f"DELETE FROM {self.table} WHERE owner = ?", (owner,)).rowcount
 

@@ -354,20 +354,21 @@ def _claim_identity(conn, key: str, instance: str, now: float, until: float) -> 
     return False, held[1] if held else 0.0
 
 
+_ORPHANS = ("FROM inbox WHERE conv_key = ? AND status = 'pending' AND create_time >= ?"
+            " AND (owner IS NULL OR lease_until < ?)")
+
+
 def _release_or_next(conn, conv_key: str, owner: str, now: float, cutoff: float) -> list:
     # The lease row first, locked: an accept storing a row for this conversation (its lease
-    # upsert locks the same row) either committed before — and the SELECT below, a statement of
-    # its own, sees its row — or waits, and after the DELETE claims the lease afresh. Without
+    # upsert locks the same row) either committed before — and the statement below, a statement
+    # of its own, sees its row — or waits, and after the DELETE claims the lease afresh. Without
     # it (no global write lock on PostgreSQL) the row could be left unowned with no holder.
     conn.execute("SELECT owner FROM conversation_leases WHERE conv_key = ? AND owner = ?" + for_update(conn),
                  (conv_key, owner))
-    rows = conn.execute(
-        "SELECT * FROM inbox WHERE conv_key = ? AND status = 'pending' AND create_time >= ?"
-        " AND (owner IS NULL OR lease_until < ?) ORDER BY id LIMIT ?",
-        (conv_key, cutoff, now, ORPHAN_BATCH)).fetchall()
-    if not rows:
-        CONVERSATIONS.release(conn, conv_key, owner)
-    return rows
+    # Usually nothing is left: released in the same statement that looks (one round trip).
+    if CONVERSATIONS.release_unless(conn, conv_key, owner, "SELECT 1 " + _ORPHANS, (conv_key, cutoff, now)):
+        return []
+    return conn.execute(f"SELECT * {_ORPHANS} ORDER BY id LIMIT ?", (conv_key, cutoff, now, ORPHAN_BATCH)).fetchall()
 
 
 def _renew(conn, owner: str, instance: str, until: float) -> set[str]:
