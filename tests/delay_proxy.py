@@ -1,7 +1,8 @@
 """A loopback TCP proxy that delays every chunk by a fixed time in each direction — what a
 database on another host costs a round trip — for the benchmarks (bench scale) and the replica
 tests. Order is kept per direction and throughput is not limited: each chunk is held until
-``delay`` after it arrived, then written, while later chunks keep being read.
+``delay`` after it arrived, then written, while later chunks keep being read (a side that
+cannot keep up pauses the reading of the other).
 
     proxy = DelayProxy(("127.0.0.1", 5432), delay=0.001)   # 1 ms each way: 2 ms a round trip
     await proxy.start(); ... proxy.port ...; await proxy.close()
@@ -12,82 +13,188 @@ Loopback only: it listens on 127.0.0.1 and forwards to the target given (a local
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import time
 
 
 class DelayProxy:
+    """Protocols and timers, no task per chunk: in the benchmarks the proxy shares the
+    machine's cores with what it measures, so each chunk costs one callback to read it and one
+    timer (per burst) to write it."""
+
     def __init__(self, target: tuple[str, int], *, delay: float) -> None:
         self.target = target
         self.delay = delay
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._links: set[_Link] = set()
         self.connections = 0
 
     async def start(self) -> "DelayProxy":
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Link(self), "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await t
+        for link in list(self._links):
+            link.abort()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
 
-    def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            up_r, up_w = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
+class _Direction:
+    """One direction of a link: chunks held until ``delay`` after they arrived, written in
+    order (one timer for the oldest; a burst that is due goes out in one write)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, delay: float, on_end) -> None:
+        self.loop = loop
+        self.delay = delay
+        self.on_end = on_end
+        self.finished = False          # its EOF passed on
+        self.held: collections.deque[tuple[float, bytes | None]] = collections.deque()
+        self.out: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def push(self, chunk: bytes | None) -> None:
+        """``None``: the end of this direction (EOF), passed on after what came before it."""
+        self.held.append((self.loop.time() + self.delay, chunk))
+        if self.timer is None and self.out is not None:
+            self._arm()
+
+    def attach(self, out: asyncio.Transport) -> None:
+        self.out = out
+        if self.held and self.timer is None:
+            self._arm()
+
+    def _arm(self) -> None:
+        self.timer = self.loop.call_at(self.held[0][0], self._flush)
+
+    def _flush(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        due: list[bytes] = []
+        end = False
+        while self.held and self.held[0][0] <= now:
+            chunk = self.held.popleft()[1]
+            if chunk is None:
+                end = True
+                break
+            due.append(chunk)
+        out = self.out
+        if out is None or out.is_closing():
             return
-        a = self._spawn(self._pipe(reader, up_w))
-        b = self._spawn(self._pipe(up_r, writer))
-        await asyncio.wait({a, b}, return_when=asyncio.FIRST_COMPLETED)
-        for t in (a, b):
-            t.cancel()
-        for w in (writer, up_w):
-            w.close()
+        if due:
+            out.write(b"".join(due))
+        if end:
+            self.finished = True
+            if out.can_write_eof():
+                out.write_eof()
+            self.on_end()
+        elif self.held:
+            self._arm()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
-        async def deliver() -> None:
-            while True:
-                due, chunk = await queue.get()
-                if not chunk:
-                    writer.write_eof() if writer.can_write_eof() else writer.close()
-                    return
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                writer.write(chunk)
-                await writer.drain()
 
-        sender = self._spawn(deliver())
+class _Link(asyncio.Protocol):
+    """One client connection and its upstream one."""
+
+    def __init__(self, proxy: DelayProxy) -> None:
+        self.proxy = proxy
+        self.loop = asyncio.get_running_loop()
+        self.up = _Direction(self.loop, proxy.delay, self._direction_ended)       # client -> target
+        self.down = _Direction(self.loop, proxy.delay, self._direction_ended)     # target -> client
+        self.client: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.ended = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.client = transport        # type: ignore[assignment]
+        self.down.attach(self.client)
+        self.proxy.connections += 1
+        self.proxy._links.add(self)
+        self.loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
         try:
-            while True:
-                chunk = await reader.read(65536)
-                queue.put_nowait((time.monotonic() + self.delay, chunk))
-                if not chunk:
-                    break
-            await sender
-        finally:
-            sender.cancel()
+            transport, _ = await self.loop.create_connection(lambda: _Upstream(self), *self.target())
+        except OSError:
+            self.abort()
+            return
+        self.upstream = transport      # type: ignore[assignment]
+        self.up.attach(self.upstream)
+
+    def target(self) -> tuple[str, int]:
+        return self.proxy.target
+
+    def data_received(self, data: bytes) -> None:
+        self.up.push(data)
+
+    def eof_received(self) -> bool:
+        self.up.push(None)
+        return True                    # half-closed: the answer may still come back
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._side_ended()
+
+    def _direction_ended(self) -> None:
+        if self.up.finished and self.down.finished:    # both ways closed: nothing more to pass
+            self.abort()
+
+    def _side_ended(self) -> None:
+        self.ended += 1
+        if self.ended == 1:
+            # the other side goes once what was already on its way has been passed on
+            self.loop.call_later(self.proxy.delay + 0.05, self.abort)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.up.cancel()
+        self.down.cancel()
+        for t in (self.client, self.upstream):
+            if t is not None and not t.is_closing():
+                t.close()
+        self.proxy._links.discard(self)
+
+    # flow control: a side that cannot keep up stops the other from being read
+    def pause_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.resume_reading()
+
+
+class _Upstream(asyncio.Protocol):
+    def __init__(self, link: _Link) -> None:
+        self.link = link
+
+    def data_received(self, data: bytes) -> None:
+        self.link.down.push(data)
+
+    def eof_received(self) -> bool:
+        self.link.down.push(None)
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link._side_ended()
+
+    def pause_writing(self) -> None:
+        if self.link.client is not None:
+            self.link.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.link.client is not None:
+            self.link.client.resume_reading()
 
 
 class DelayProxyProcess:
