@@ -625,6 +625,12 @@ async def serve(settings: Settings) -> None:
     # process: out of the collector's sight, a full collection no longer walks those objects
     # while requests wait (~100 ms now and then under load). Here, not in EthanApp.start: a
     # process that starts apps repeatedly (the tests) would freeze each one's garbage for good.
+    if app.long_connection is not None:
+        # The SDK's module graph (imported on a thread once the long connection starts, ~2 s)
+        # lives as long as the process too: frozen with the rest, or every full collection
+        # walks it (40–130 ms pauses under load, the long connection's acknowledgement tail).
+        from bot.lark import compat
+        await asyncio.to_thread(compat.session_class)
     gc.freeze()
     s = settings
     if not s.lark_enabled:
