@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     # Empty: SQLite at $ETHAN_HOME/ethan.db. postgresql://user:pass@host:5432/db: PostgreSQL
     # (DESIGN §7), which any number of `ethan serve` replicas may share.
     ethan_database_url: str = ""
-    ethan_database_pool: int = Field(default=8, ge=1, le=200)
+    ethan_database_pool: int = Field(default=16, ge=1, le=200)
     # Replicas on one PostgreSQL database (docs/reliability.md "Replicas"): this process's name
     # in the leases ("" = <hostname>:<pid>), and how long a lease lasts without its heartbeat
     # (every third of it): how long a dead replica's acknowledged work waits for the others.

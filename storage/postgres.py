@@ -54,7 +54,7 @@ from storage.schema.postgres import PG_MIGRATIONS
 
 T = TypeVar("T")
 MIGRATE_LOCK = 0x45746862    # concurrent `ethan serve` starts migrate one at a time
-DEFAULT_POOL = 8
+DEFAULT_POOL = 16
 # How long a unit waits for a pooled connection before it is DatabaseUnavailable (a 503 at the
 # webhook): under Lark's 3 s with room for the rest of the request, so during an outage Lark
 # gets its 503 in time and redelivers, instead of no answer at all.
