@@ -630,7 +630,9 @@ async def serve(settings: Settings) -> None:
         # lives as long as the process too: frozen with the rest, or every full collection
         # walks it (40–130 ms pauses under load, the long connection's acknowledgement tail).
         from bot.lark import compat
-        await asyncio.to_thread(compat.session_class)
+        # An SDK that fails to import is the long connection's to report (its state, /healthz).
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(compat.session_class)
     gc.freeze()
     s = settings
     if not s.lark_enabled:
