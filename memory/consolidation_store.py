@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from memory.consolidation_state import Plan, StaleWork, State, Work, due_kind
 from memory.turns import (MemoryConfig, SessionMeta, Turn, WarmSummary, read_last_message, read_turns,
-                          read_warm)
+                          read_warm, session_meta)
 from storage import Connection, Database, for_update
 
 PendingWrite = tuple[int, str, str, dict[str, Any]]     # (id, kind, user_id, payload)
@@ -164,8 +164,7 @@ def _state(row: Any) -> State:
 
 def _head(row: Any) -> tuple[State, SessionMeta]:
     state = State() if row["state_of"] is None else _state(row)
-    return state, SessionMeta(row["id"], row["conv_key"], row["chat_id"], row["thread_id"], row["chat_type"],
-                              row["closed_at"])
+    return state, session_meta(row)
 
 
 def read_state_and_meta(conn: Connection, session_id: str) -> tuple[State, SessionMeta | None]:

@@ -120,8 +120,11 @@ def read_meta(conn: Connection, session_id: str) -> SessionMeta | None:
         "SELECT id, conv_key, chat_id, thread_id, chat_type, closed_at FROM sessions WHERE id = ?",
         (session_id,),
     ).fetchone()
-    if row is None:
-        return None
+    return session_meta(row) if row is not None else None
+
+
+def session_meta(row: Any) -> SessionMeta:
+    """A row with the sessions columns ``read_meta`` selects (also ``read_state_and_meta``'s)."""
     return SessionMeta(row["id"], row["conv_key"], row["chat_id"], row["thread_id"], row["chat_type"], row["closed_at"])
 
 
