@@ -81,6 +81,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 from storage import Database, fetch_one, serialize, serialize_tx
+from memory.queries import Query, answer, run
 from memory.redact import looks_like_secret
 from memory.scope import Scope
 from memory.similarity import RELATED, SAME, dice, norm_bigrams, normalise
@@ -421,28 +422,29 @@ def top_query(scope: Scope, k: int) -> tuple[str, tuple[Any, ...]]:
     )
 
 
-def touch_query(user_id: str, ids: list[int], now: float) -> tuple[str, tuple[Any, ...]]:
-    """Mark injected facts as accessed. ``+user_id`` keeps the owner filter but stops the
-    planner from scanning the user's whole index instead of looking the ids up by rowid
-    (it does that from about ten ids on); the same idiom is used wherever ids are listed."""
-    marks = ",".join("?" * len(ids))
-    return (
-        f"UPDATE facts SET last_accessed = ? WHERE +user_id = ? AND id IN ({marks})",
-        (now, user_id, *ids),
-    )
+def touch_top_query(scope: Scope, k: int, now: float) -> tuple[str, tuple[Any, ...]]:
+    """Mark what ``top_query`` returns as accessed, in SQLite's dialect: an UPDATE of the ids
+    the same query selects (run right after it in one write unit, so they are the same rows).
+    ``+user_id`` keeps the owner filter but stops the planner from scanning the user's whole
+    index instead of looking the ids up by rowid (the idiom wherever ids are listed)."""
+    sql, params = top_query(scope, k)
+    return (f"UPDATE facts SET last_accessed = ? WHERE +user_id = ? AND id IN (SELECT id FROM ({sql}))",
+            (now, scope.user_id, *params))
 
 
 def _row_sync(conn: Any, user_id: str, fact_id: int) -> Any:
     return conn.execute(f"SELECT {_COLUMNS}, norm FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone()
 
 
-def _top_and_touch(conn: Any, scope: Scope, k: int, now: float) -> list[Fact]:
-    """``top_query`` then ``touch_query`` on what it returned (run by Database.write)."""
-    facts = [_fact(r) for r in conn.execute(*top_query(scope, k)).fetchall()]
-    if not facts:
-        return []
-    conn.execute(*touch_query(scope.user_id, [f.id for f in facts], now))
-    return [replace(f, last_accessed=now) for f in facts]
+def _top_and_touch_pg(scope: Scope, k: int, now: float) -> tuple[str, tuple[Any, ...]]:
+    """``top_query`` and the touch of what it returns as one PostgreSQL statement: a
+    data-modifying CTE (a write unit would be three round trips: SELECT, UPDATE, COMMIT). The
+    outer SELECT reads the snapshot before the UPDATE, so the rows come back as found."""
+    sql, params = top_query(scope, k)
+    return (f"WITH top AS ({sql}), touched AS (UPDATE facts SET last_accessed = ?"
+            " WHERE user_id = ? AND id IN (SELECT id FROM top))"
+            " SELECT * FROM top ORDER BY confidence DESC, last_accessed DESC, id ASC",
+            (*params, now, scope.user_id))
 
 
 class FactStore:
@@ -687,26 +689,22 @@ class FactStore:
     # -- reading ----------------------------------------------------------------------
     async def top(self, scope: Scope, k: int = 15, *, touch: bool = True) -> list[Fact]:
         """The facts to inject for this request (module docs); fast path uses k=5."""
+        return await run(self.db, self.top_read(scope, k, touch=touch))
+
+    def top_read(self, scope: Scope, k: int = 15, *, touch: bool = True) -> Query[list[Fact]]:
+        """``top`` as a Query (memory/queries.py): with ``touch``, what it returns is marked
+        accessed in the same round trip — on every message, so never a unit of its own."""
         if k <= 0 or not scope.user_id:
-            return []
+            return answer([])
         if not touch:
-            return [_fact(r) for r in await self.db.fetchall(*top_query(scope, k))]
+            return Query((top_query(scope, k),), lambda rows: [_fact(r) for r in rows[0]])
+        now = self.clock()
+
+        def touched(rows: list[list[Any]]) -> list[Fact]:
+            return [replace(_fact(r), last_accessed=now) for r in rows[0]]
         if self.db.dialect == "postgres":
-            # A write unit there holds the one write lock from its first statement to COMMIT
-            # (storage/postgres.py), across the worker-thread hops between them, for every message —
-            # usually to touch nothing. So: the SELECT with no lock, then, only when facts were
-            # found, the UPDATE as a one-statement write (locked only while the server runs it).
-            # Touching rows a concurrent writer just changed or deleted is harmless: the UPDATE
-            # re-checks owner and id, and last_accessed is only a ranking hint.
-            facts = [_fact(r) for r in await self.db.fetchall(*top_query(scope, k))]
-            if not facts:
-                return []
-            now = self.clock()
-            await self.db.execute(*touch_query(scope.user_id, [f.id for f in facts], now))
-            return [replace(f, last_accessed=now) for f in facts]
-        # Runs for every message: the SELECT and its last_accessed UPDATE as one write in the
-        # SQLite thread (one round trip instead of a read plus a three-hop transaction).
-        return await self.db.write(_top_and_touch, scope, k, self.clock())
+            return Query((_top_and_touch_pg(scope, k, now),), touched, writes=True)
+        return Query((top_query(scope, k), touch_top_query(scope, k, now)), touched, writes=True)
 
     async def get(self, user_id: str, fact_id: int) -> Fact | None:
         row = await self.db.fetchone(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from storage import Database
+from memory.queries import Query, run
 
 WORK = "work"
 COMPANION = "companion"
@@ -23,10 +24,11 @@ class ModeStore:
         self.db = db
 
     async def get(self, user_id: str, conv_key: str) -> str:
-        row = await self.db.fetchone(
-            "SELECT mode FROM modes WHERE user_id = ? AND conv_key = ?", (user_id, conv_key)
-        )
-        return row["mode"] if row else WORK
+        return await run(self.db, self.get_query(user_id, conv_key))
+
+    def get_query(self, user_id: str, conv_key: str) -> Query[str]:
+        return Query((("SELECT mode FROM modes WHERE user_id = ? AND conv_key = ?", (user_id, conv_key)),),
+                     lambda rows: rows[0][0]["mode"] if rows[0] else WORK)
 
     async def set(self, user_id: str, conv_key: str, mode: str) -> None:
         if mode not in (WORK, COMPANION):

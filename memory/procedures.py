@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from storage import Database, serialize
+from memory.queries import Query, run
 from memory.redact import looks_like_secret
 from memory.scope import Scope
 from memory.facts import SAME_FACT, relation
@@ -161,13 +162,13 @@ class ProcedureStore:
 
     async def for_request(self, scope: Scope) -> list[Procedure]:
         """The chat's rules, then the speaking user's (module docs: user rules apply everywhere)."""
-        rows = await self.db.fetchall(
-            f"SELECT {_COLUMNS} FROM procedures "
-            "WHERE (scope = 'chat' AND scope_id = ?) OR (scope = 'user' AND scope_id = ?) "
-            "ORDER BY scope = 'user', created_at, id",
-            (scope.chat_id, scope.user_id),
-        )
-        return [_procedure(r) for r in rows]
+        return await run(self.db, self.for_request_query(scope))
+
+    def for_request_query(self, scope: Scope) -> Query[list[Procedure]]:
+        return Query(((f"SELECT {_COLUMNS} FROM procedures "
+                       "WHERE (scope = 'chat' AND scope_id = ?) OR (scope = 'user' AND scope_id = ?) "
+                       "ORDER BY scope = 'user', created_at, id", (scope.chat_id, scope.user_id)),),
+                     lambda rows: [_procedure(r) for r in rows[0]])
 
     async def list(self, user_id: str, chat_id: str | None = None) -> list[Procedure]:
         """The user's rules, plus the rules of ``chat_id`` when given (chat rules first)."""

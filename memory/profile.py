@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
 from storage import Database, serialize, serialize_tx
+from memory.queries import Query, run
 from memory.scope import Scope
 from memory.similarity import RELATED, normalise, similarity
 
@@ -455,6 +456,9 @@ class ProfileStore:
 
         In a group chat: no 心理与情绪, no private (p2p-learned) entries.
         """
+        return await run(self.db, self.for_prompt_query(scope))
+
+    def for_prompt_query(self, scope: Scope) -> Query[str]:
         sql = (
             "SELECT section, entry FROM profile_entries WHERE user_id = ?"
             f" AND {scope.visible_sql('visibility')}"
@@ -463,8 +467,7 @@ class ProfileStore:
         if not scope.is_private:
             sql += " AND section <> ?"
             params.append(PSYCH)
-        rows = await self.db.fetchall(sql + " ORDER BY position, id", params)
-        return render(_group(rows))
+        return Query(((sql + " ORDER BY position, id", tuple(params)),), lambda rows: render(_group(rows[0])))
 
     async def read_document(self, user_id: str) -> str:
         """The whole document for the console: title and all seven headings, even empty ones."""

@@ -178,6 +178,13 @@ class Database(Protocol):
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ...) -> list[Any]: ...
 
+    async def fetch_each(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
+                         write: bool = False) -> list[list[Any]]:
+        """Independent statements (``write``: some change rows) sent together, each one's rows
+        in order: for the reads one message makes of several stores. PostgreSQL: one round trip
+        (libpq's pipeline), one implicit transaction; SQLite: one unit in its thread (a write
+        unit if ``write``). Not a snapshot to rely on across them."""
+
     # -- administration
     async def schema_version(self) -> int: ...
 

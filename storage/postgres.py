@@ -369,6 +369,81 @@ class Connection:
         tuples = res.command_tuples
         return Cursor([], -1 if tuples is None else tuples, None)
 
+    def pipelined(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
+        """Independent statements in one round trip (libpq's pipeline mode): all sent, one sync,
+        then every result read. Up to the sync they are one implicit transaction (an error in
+        one undoes them all and is raised). Each is prepared from its second use, as in
+        ``execute``. Only in a one-statement unit (no BEGIN of its own)."""
+        assert self.begin is None, "pipelined() needs a unit without BEGIN"
+        wire, tx, pgconn = self._wire, self._wire.tx, self.raw.pgconn
+        bound = []      # everything adapted before anything is sent: only the server can fail below
+        for sql, params in statements:
+            query, _ = _native(sql)
+            if params:
+                values = tx.dump_sequence(params, [_AUTO] * len(params))
+                types, formats = tx.types, tx.formats
+            else:
+                values, types, formats = None, (), None
+            bound.append((query, values, types, formats))
+        self.round_trips += 1
+        sent: list[tuple[tuple, tuple | None, bool]] = []    # (key, prepared name entry, preparing now)
+        pgconn.enter_pipeline_mode()
+        try:
+            for query, values, types, formats in bound:
+                key = (query, types)
+                prepared = wire.prepared.get(key)
+                if prepared is not None:
+                    pgconn.send_query_prepared(prepared[0], values, formats, 0)
+                    sent.append((key, prepared, False))
+                    continue
+                seen = wire.seen[key] = wire.seen.get(key, 0) + 1
+                if seen >= PREPARE_AFTER and len(wire.prepared) < MAX_PREPARED:
+                    wire.names += 1
+                    name = b"ethan_%d" % wire.names
+                    pgconn.send_prepare(name, query, types or None)
+                    pgconn.send_query_prepared(name, values, formats, 0)
+                    sent.append((key, (name, None), True))
+                else:
+                    pgconn.send_query_params(query, values, types or None, formats, 0)
+                    sent.append((key, None, False))
+            pgconn.pipeline_sync()
+            pgconn.flush()
+            out: list[list[Row]] = []
+            failed = None
+            for key, prepared, preparing in sent:
+                if preparing:
+                    res = pgconn.get_result()
+                    pgconn.get_result()         # the command's end (NULL)
+                    if res is not None and res.status == pq.ExecStatus.COMMAND_OK:
+                        wire.prepared[key] = prepared
+                        wire.seen.pop(key, None)
+                    elif failed is None:
+                        failed = res
+                res = pgconn.get_result()
+                pgconn.get_result()
+                if res is None or res.status not in _OK:
+                    if failed is None:
+                        failed = res
+                    out.append([])
+                    continue
+                rows: list[Row] = []
+                if res.status == pq.ExecStatus.TUPLES_OK and res.ntuples:
+                    index = {res.fname(i).decode(): i for i in range(res.nfields)}
+                    tx.set_pgresult(res)
+                    rows = tx.load_rows(0, res.ntuples, lambda values, index=index: Row(values, index))
+                out.append(rows)
+            pgconn.get_result()                 # the sync's own result
+        except BaseException:
+            # Results may be left unread: this connection cannot go back to the pool as it is.
+            self.raw.close()
+            raise
+        pgconn.exit_pipeline_mode()
+        if failed is not None:
+            if failed.status == pq.ExecStatus.PIPELINE_ABORTED:
+                raise psycopg.OperationalError("pipeline aborted")
+            _raise_for(pgconn, failed, wire.encoding)
+        return out
+
     def serialize(self, key: str) -> None:
         """Wait for, then hold until this transaction ends, the advisory lock of ``key``
         (``port.serialize``). Taken first in a unit (as it should be), it travels with the
@@ -835,6 +910,16 @@ class PgDatabase:
         if conn is not None:
             return await self._hop(lambda: conn.execute(sql, params).fetchall())
         return await self._run_unit(lambda c: c.execute(sql, params).fetchall(), (), None)
+
+    async def fetch_each(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
+                         write: bool = False) -> list[list]:
+        """``port.Database.fetch_each``: one round trip (``Connection.pipelined``)."""
+        statements = list(statements)
+        conn = self._tx_of_task()
+        if conn is not None:       # inside transaction(): its statements, one hop each
+            return [await self._hop(lambda sql=sql, params=params: conn.execute(sql, params).fetchall())
+                    for sql, params in statements]
+        return await self._run_unit(lambda c: c.pipelined(statements), (), None)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()):
         rows = await self._statement(sql, params)

@@ -29,6 +29,7 @@ from storage import Database
 from memory.episodic import EpisodeStore
 from memory.facts import FactStore
 from memory.modes import ModeStore
+from memory.queries import answer, fetch_together
 from memory.procedures import ProcedureStore
 from memory.profile import ProfileStore
 from memory.llm import ChatModel, ModelFailure
@@ -127,15 +128,21 @@ class Agent:
         self.calls = 0
         self.failures = 0
 
-    async def gather(self, scope: Scope, text: str, *, session_id: str, mode: str,
+    async def gather(self, scope: Scope, text: str, *, session_id: str, mode: str | None = None,
                      view: Any = None) -> MemoryBlocks:
         """Everything memory contributes to this request, per the path router. ``view``: the
-        session's ContextView when the caller already has it (read with the context)."""
+        session's ContextView when the caller already has it (read with the context); ``mode``
+        None: read with the rest. The mode, the rules, the profile and the facts are one round
+        trip (memory/queries.py)."""
         m = self.memory
         path = route(text)
-        rules = tuple(p.rule for p in await m.procedures.for_request(scope))
-        profile = await m.profile.for_prompt(scope) if path.profile else ""
-        facts = unique_facts(await m.facts.top(scope, k=path.fact_limit))
+        reads = [m.procedures.for_request_query(scope),
+                 m.profile.for_prompt_query(scope) if path.profile else answer(""),
+                 m.facts.top_read(scope, k=path.fact_limit),
+                 m.modes.get_query(scope.user_id, scope.conv_key) if mode is None else answer(mode)]
+        procedures, profile, top, mode = await fetch_together(m.db, reads)
+        rules = tuple(p.rule for p in procedures)
+        facts = unique_facts(top)
         episodes: tuple = ()
         if path.episodes:
             episodes = tuple(await m.episodes.recall(scope, text, exclude_session=session_id))
@@ -169,13 +176,12 @@ class Agent:
                 return AgentResult(later[0].content, True, session.id, MemoryBlocks(), replayed=True)
 
         await reply.working()
-        mode = await m.modes.get(scope.user_id, scope.conv_key)
         # The request's messages and the memory panel's view come from one read of the
         # working memory (one SQLite round trip, one consistent snapshot).
         messages, view = await m.working.context_and_view(
             session.id, turn.text, before_message_id=appended.message.id,
             speaker_name=turn.sender_name or scope.user_id)
-        blocks = await self.gather(scope, turn.text, session_id=session.id, mode=mode, view=view)
+        blocks = await self.gather(scope, turn.text, session_id=session.id, view=view)
         offers = reply.capabilities
         panel = Capability.MEMORY_PANEL in offers      # the console's memory panel, /chat's memory
         if panel:

@@ -10,7 +10,7 @@ from memory.facts import (
     initial_confidence,
     relation,
     top_query,
-    touch_query,
+    touch_top_query,
 )
 from memory.scope import Scope
 
@@ -361,6 +361,29 @@ async def test_touch_updates_last_accessed_of_returned_rows_only(store, clock):
     assert (await store.get("ou_alice", b.id)).last_accessed == t0
 
 
+async def test_top_with_touch_is_one_round_trip_and_touches_only_the_owners_rows(store, db, clock):
+    """Every message reads the user's top facts and marks them accessed: one round trip on both
+    engines (SQLite: one hop to its thread; PostgreSQL: one statement, the touch a
+    data-modifying CTE), in ranking order, and another user's facts are left as they were."""
+    from tests.round_trips import counting_round_trips
+    topics = ["drinks green tea every morning", "plays the cello on weekends", "lives in Hangzhou",
+              "is allergic to peanuts"]
+    mine = [(await store.add(A_P2P, t, "knowledge", source="consolidator", confidence=0.9 - i / 100)).fact
+            for i, t in enumerate(topics)]
+    bob = (await store.add(B_P2P, "bob's fact about cars", "knowledge", source="consolidator", confidence=0.95)).fact
+    t1 = clock.tick(100)
+    with counting_round_trips(db) as trips:
+        got = await store.top(A_P2P, k=3)
+    assert trips["n"] == 1, trips
+    assert [f.id for f in got] == [f.id for f in mine[:3]] and {f.last_accessed for f in got} == {t1}
+    stored = {f.id: (await store.get("ou_alice", f.id)).last_accessed for f in mine}
+    assert stored == {mine[0].id: t1, mine[1].id: t1, mine[2].id: t1, mine[3].id: mine[3].last_accessed}
+    assert (await store.get("ou_bob", bob.id)).last_accessed == bob.last_accessed
+    with counting_round_trips(db) as trips:
+        assert await store.top(Scope(user_id="ou_nobody", chat_id="oc_x", chat_type="p2p"), k=3) == []
+    assert trips["n"] == 1, trips
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])   # SQLite's query plan
 async def test_top_uses_the_partial_indexes_without_sorting(db):
     for scope, index in ((A_P2P, "facts_active"), (A_GROUP, "facts_active_shared")):
@@ -368,9 +391,10 @@ async def test_top_uses_the_partial_indexes_without_sorting(db):
         plan = " | ".join(r["detail"] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params))
         assert f"USING INDEX {index} " in plan, plan
         assert "TEMP B-TREE" not in plan, plan
-    sql, params = touch_query("ou_alice", list(range(1, 16)), 1.0)
-    plan = " | ".join(r["detail"] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params))
-    assert plan == "SEARCH facts USING INTEGER PRIMARY KEY (rowid=?)", plan
+    sql, params = touch_top_query(A_P2P, 15, 1.0)
+    plan = [r["detail"] for r in await db.fetchall("EXPLAIN QUERY PLAN " + sql, params)]
+    assert plan[0] == "SEARCH facts USING INTEGER PRIMARY KEY (rowid=?)", plan    # the touch: by id
+    assert any("USING INDEX facts_active " in p for p in plan[1:]) and not any("TEMP B-TREE" in p for p in plan), plan
 
 
 # -- scope and visibility -----------------------------------------------------------------

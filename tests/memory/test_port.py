@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from storage import Connection, Database, DatabaseError, NotSupported, database
+from storage import Connection, Database, DatabaseError, NotSupported, database, is_database_error
 
 
 def _count(conn, actor: str | None = None) -> int:
@@ -110,3 +110,30 @@ async def test_backup_to_copies_sqlite_and_is_refused_on_postgres_in_one_line(db
         assert copy.execute("SELECT actor FROM audit").fetchall() == [("kept",)]
     finally:
         copy.close()
+
+
+async def test_fetch_each_answers_every_statement_in_one_round_trip(db):
+    """The reads one message makes of several stores, sent together: each statement's rows in
+    order, a changing statement among them committed, one round trip on both engines — also
+    once its statements are prepared (PostgreSQL prepares from the second use) — and a failing
+    statement raises without leaving the engine unusable."""
+    from tests.round_trips import counting_round_trips
+    await db.execute("INSERT INTO audit(at, actor, action) VALUES (1, 'ann', 'a1')")
+    await db.execute("INSERT INTO audit(at, actor, action) VALUES (2, 'bob', 'b1')")
+    statements = [
+        ("SELECT action FROM audit WHERE actor = ? ORDER BY at", ("ann",)),
+        ("SELECT action FROM audit WHERE actor = ? ORDER BY at", ("nobody",)),
+        ("UPDATE audit SET at = ? WHERE actor = ? RETURNING action", (9, "bob")),
+        ("SELECT COUNT(*) AS n FROM audit", ()),
+    ]
+    for _ in range(3):
+        with counting_round_trips(db) as trips:
+            ann, nobody, bob, count = await db.fetch_each(statements, write=True)
+        assert trips["n"] == 1, trips
+        assert [r["action"] for r in ann] == ["a1"] and nobody == [] and [r[0] for r in bob] == ["b1"]
+        assert count[0]["n"] == 2
+    assert (await db.fetchone("SELECT at FROM audit WHERE actor = 'bob'"))["at"] == 9
+    with pytest.raises(Exception) as failed:
+        await db.fetch_each([("SELECT 1", ()), ("SELECT * FROM no_such_table", ()), ("SELECT 2", ())])
+    assert is_database_error(failed.value) and "no_such_table" in str(failed.value)
+    assert [r[0] for r in (await db.fetch_each([("SELECT actor FROM audit ORDER BY at", ())]))[0]] == ["ann", "bob"]
