@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
-from storage import Database, DatabaseError, fetch_all, serialize
+from storage import Database, DatabaseError, execute_last, fetch_all, serialize
 from memory.session_search import (  # noqa: F401  (re-exported: the search's public names)
     MIN_FTS_CHARS,
     SCAN_LIMIT,
@@ -218,9 +218,9 @@ def _close_sync(conn: sqlite3.Connection, session: SessionInfo, now: float) -> S
 def _append_assistant_sync(
     conn: sqlite3.Connection, session_id: str, content: str, calls: str | None, now: float
 ) -> StoredMessage:
-    # One statement (the session's existence, the insert, the stored row): on PostgreSQL
-    # every statement is a round trip, and this runs for every answer.
-    row = conn.execute(
+    # One statement (the session's existence, the insert, the stored row), the unit's whole
+    # transaction: on PostgreSQL one round trip, and this runs for every answer.
+    row = execute_last(conn, 
         "INSERT INTO messages(session_id, role, content, tool_calls, created_at)"
         " SELECT ?, 'assistant', ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?)"
         f" RETURNING {_MESSAGE_RETURNING}",
@@ -419,9 +419,9 @@ class SessionStore:
             (session_id, content, scope.user_id, sender_name, lark_message_id, now),
         ).fetchone())
         # The session as the message's triggers left it, read by the last statement (one round
-        # trip fewer than a SELECT of its own).
-        session = _session(conn.execute(
-            _POINT_CONVERSATION_SQL,
+        # trip fewer than a SELECT of its own), which ends the unit (its COMMIT goes with it).
+        session = _session(execute_last(
+            conn, _POINT_CONVERSATION_SQL,
             (conv_key, scope.chat_id, scope.thread_id, scope.chat_type, session_id, now)
             + (session_id,) * len(_SESSION_FIELDS),
         ).fetchone())

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from storage.port import (Connection, Database, DatabaseError, DatabaseUnavailable, IntegrityError,
-                          NotSupported, RetryLater, SchemaTooNew, Transaction, dialect_of, fetch_all,
-                          fetch_one, for_update, is_database_error, is_database_url, serialize, serialize_tx)
+                          NotSupported, RetryLater, SchemaTooNew, Transaction, dialect_of, execute_last,
+                          fetch_all, fetch_one, for_update, is_database_error, is_database_url, serialize, serialize_tx)
 
 __all__ = ["Connection", "Database", "DatabaseError", "DatabaseUnavailable", "IntegrityError", "NotSupported",
-           "RetryLater", "SchemaTooNew", "Transaction", "database", "dialect_of", "fetch_all",
+           "RetryLater", "SchemaTooNew", "Transaction", "database", "dialect_of", "execute_last", "fetch_all",
            "fetch_one", "for_update", "is_database_error", "is_database_url", "serialize", "serialize_tx"]
 
 

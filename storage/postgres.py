@@ -294,6 +294,22 @@ def _simple(raw: psycopg.Connection, command: bytes) -> None:
         _raise_for(pgconn, res, raw.info.encoding)
 
 
+def _cursor(res, tx: Transformer, returns_id: bool) -> Cursor:
+    """A pipelined statement's result as a Cursor (``execute``'s reading of one)."""
+    if res.status == pq.ExecStatus.TUPLES_OK:
+        n = res.ntuples
+        rows: list = []
+        if n:
+            index = {res.fname(i).decode(): i for i in range(res.nfields)}
+            tx.set_pgresult(res)
+            rows = tx.load_rows(0, n, lambda values: Row(values, index))
+        if returns_id:
+            return Cursor([], n, int(rows[0][0]) if rows else None)
+        return Cursor(rows, n, None)
+    tuples = res.command_tuples
+    return Cursor([], -1 if tuples is None else tuples, None)
+
+
 class Connection:
     """A sqlite3.Connection look-alike over one psycopg connection: what every unit-of-work
     function of the stores is given on this backend.
@@ -308,6 +324,10 @@ class Connection:
         self.raw = raw
         # The unit's BEGIN (and write lock), sent with its first statement (see ``_bound``)
         self.begin = begin
+        # A unit's own transaction (``_once``), which ``execute_last`` may end; not the
+        # connection of an awaited ``transaction()`` or of a one-statement unit.
+        self.owns_tx = begin is not None
+        self.ended = False          # ended by ``execute_last``: nothing may run after it
         self.round_trips = 0        # what UnitStats counts (bench/, tests of "n round trips")
         wire = getattr(raw, "_ethan_wire", None)
         if wire is None:
@@ -315,6 +335,8 @@ class Connection:
         self._wire = wire
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        if self.ended:
+            raise AssertionError("a statement after the unit's execute_last: it would run outside the unit")
         self.round_trips += 1
         if self.begin is not None:
             begin, self.begin = self.begin, None
@@ -369,32 +391,62 @@ class Connection:
         tuples = res.command_tuples
         return Cursor([], -1 if tuples is None else tuples, None)
 
+    def execute_last(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """``port.execute_last``: the unit's last statement, and its transaction's end in the
+        same round trip. A unit of this one statement needs no BEGIN at all (a lock taken with
+        ``serialize`` goes with it in one message: a simple-protocol message of several
+        statements is one implicit transaction); after earlier statements, it and the COMMIT
+        go in one pipeline. If it fails, the COMMIT is not run and the unit rolls back as any
+        failed unit does."""
+        if not self.owns_tx or self.ended:
+            return self.execute(sql, params)
+        if self.begin is not None:
+            lock = self.begin.split(b"; ", 1)[1]        # what serialize() added after BEGIN
+            self.begin = None
+            if lock:
+                self.round_trips += 1
+                cursor = self._bound(lock, sql, params)
+            else:
+                cursor = self.execute(sql, params)
+            self.ended = True
+            return cursor
+        cursor = self._pipeline([(sql, params)], commit=True)[0]
+        self.ended = True
+        return cursor
+
     def pipelined(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
         """Independent statements in one round trip (libpq's pipeline mode): all sent, one sync,
         then every result read. Up to the sync they are one implicit transaction (an error in
         one undoes them all and is raised). Each is prepared from its second use, as in
         ``execute``. Only in a one-statement unit (no BEGIN of its own)."""
         assert self.begin is None, "pipelined() needs a unit without BEGIN"
+        return [c.fetchall() for c in self._pipeline(statements)]
+
+    def _pipeline(self, statements: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False) -> list[Cursor]:
+        """The statements sent at once, one sync, then every result read: one round trip.
+        ``commit``: a COMMIT after them, in the same pipeline (``execute_last``)."""
+        if self.ended:
+            raise AssertionError("a statement after the unit's execute_last: it would run outside the unit")
         wire, tx, pgconn = self._wire, self._wire.tx, self.raw.pgconn
         bound = []      # everything adapted before anything is sent: only the server can fail below
         for sql, params in statements:
-            query, _ = _native(sql)
+            query, returns_id = _native(sql)
             if params:
                 values = tx.dump_sequence(params, [_AUTO] * len(params))
                 types, formats = tx.types, tx.formats
             else:
                 values, types, formats = None, (), None
-            bound.append((query, values, types, formats))
+            bound.append((query, values, types, formats, returns_id))
         self.round_trips += 1
-        sent: list[tuple[tuple, tuple | None, bool]] = []    # (key, prepared name entry, preparing now)
+        sent: list[tuple[tuple, tuple | None, bool, bool]] = []   # (key, prepared entry, preparing now, returns id)
         pgconn.enter_pipeline_mode()
         try:
-            for query, values, types, formats in bound:
+            for query, values, types, formats, returns_id in bound:
                 key = (query, types)
                 prepared = wire.prepared.get(key)
                 if prepared is not None:
                     pgconn.send_query_prepared(prepared[0], values, formats, 0)
-                    sent.append((key, prepared, False))
+                    sent.append((key, prepared, False, returns_id))
                     continue
                 seen = wire.seen[key] = wire.seen.get(key, 0) + 1
                 if seen >= PREPARE_AFTER and len(wire.prepared) < MAX_PREPARED:
@@ -402,15 +454,17 @@ class Connection:
                     name = b"ethan_%d" % wire.names
                     pgconn.send_prepare(name, query, types or None)
                     pgconn.send_query_prepared(name, values, formats, 0)
-                    sent.append((key, (name, None), True))
+                    sent.append((key, (name, None), True, returns_id))
                 else:
                     pgconn.send_query_params(query, values, types or None, formats, 0)
-                    sent.append((key, None, False))
+                    sent.append((key, None, False, returns_id))
+            if commit:
+                pgconn.send_query_params(b"COMMIT", None, None, None, 0)
             pgconn.pipeline_sync()
             pgconn.flush()
-            out: list[list[Row]] = []
+            out: list[Cursor] = []
             failed = None
-            for key, prepared, preparing in sent:
+            for key, prepared, preparing, returns_id in sent:
                 if preparing:
                     res = pgconn.get_result()
                     pgconn.get_result()         # the command's end (NULL)
@@ -424,14 +478,14 @@ class Connection:
                 if res is None or res.status not in _OK:
                     if failed is None:
                         failed = res
-                    out.append([])
+                    out.append(Cursor([], -1, None))
                     continue
-                rows: list[Row] = []
-                if res.status == pq.ExecStatus.TUPLES_OK and res.ntuples:
-                    index = {res.fname(i).decode(): i for i in range(res.nfields)}
-                    tx.set_pgresult(res)
-                    rows = tx.load_rows(0, res.ntuples, lambda values, index=index: Row(values, index))
-                out.append(rows)
+                out.append(_cursor(res, tx, returns_id))
+            if commit:
+                res = pgconn.get_result()
+                pgconn.get_result()
+                if failed is None and (res is None or res.status not in _OK):
+                    failed = res
             pgconn.get_result()                 # the sync's own result
         except BaseException:
             # Results may be left unread: this connection cannot go back to the pool as it is.
@@ -831,13 +885,13 @@ class PgDatabase:
         try:
             result = fn(conn, *args)
         except BaseException:
-            if conn.begin is None:
+            if conn.begin is None and not conn.ended:
                 conn.round_trips += 1
                 with contextlib.suppress(Exception):
                     _simple(raw, b"ROLLBACK")
             raise
         else:
-            if conn.begin is None:
+            if conn.begin is None and not conn.ended:
                 conn.round_trips += 1
                 _simple(raw, b"COMMIT")
         finally:

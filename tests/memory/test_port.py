@@ -10,7 +10,8 @@ import sqlite3
 
 import pytest
 
-from storage import Connection, Database, DatabaseError, NotSupported, database, is_database_error
+from storage import (Connection, Database, DatabaseError, NotSupported, database, execute_last, is_database_error,
+                     serialize)
 
 
 def _count(conn, actor: str | None = None) -> int:
@@ -137,3 +138,58 @@ async def test_fetch_each_answers_every_statement_in_one_round_trip(db):
         await db.fetch_each([("SELECT 1", ()), ("SELECT * FROM no_such_table", ()), ("SELECT 2", ())])
     assert is_database_error(failed.value) and "no_such_table" in str(failed.value)
     assert [r[0] for r in (await db.fetch_each([("SELECT actor FROM audit ORDER BY at", ())]))[0]] == ["ann", "bob"]
+
+
+def _two_rows_last(conn, tag: str) -> int:
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, ?, 'first')", (tag,))
+    return execute_last(conn, "INSERT INTO audit(at, actor, action) VALUES (0, ?, 'second') RETURNING id",
+                        (tag,)).fetchone()[0]
+
+
+def _locked_one_last(conn, tag: str) -> int:
+    serialize(conn, "user", tag)
+    return execute_last(conn, "INSERT INTO audit(at, actor, action) VALUES (0, ?, 'only')", (tag,)).rowcount
+
+
+def _last_fails(conn) -> None:
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'undone', 'first')")
+    execute_last(conn, "INSERT INTO no_such_table VALUES (1)")
+
+
+def _after_last(conn) -> None:
+    execute_last(conn, "SELECT 1")
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'late', 'x')")
+
+
+async def test_execute_last_ends_the_unit_in_its_own_round_trip(db):
+    """``port.execute_last``: the unit's statements commit together, with one round trip fewer
+    on PostgreSQL (no COMMIT of its own; a one-statement unit, its lock too, is one); a failing
+    last statement undoes the whole unit and leaves the engine usable; a statement after it is
+    refused (it would run outside the unit); inside ``transaction()`` it commits nothing."""
+    from tests.round_trips import counting_round_trips
+    pg = db.dialect == "postgres"
+    for i in range(3):      # also once PostgreSQL has prepared the statements
+        with counting_round_trips(db) as trips:
+            assert await db.write(_two_rows_last, f"w{i}")
+        assert trips["n"] == (2 if pg else 1), trips
+        with counting_round_trips(db) as trips:
+            assert await db.write(_locked_one_last, f"l{i}") == 1
+        assert trips["n"] == 1, trips
+        with counting_round_trips(db) as trips:
+            assert await db.read(lambda conn: execute_last(conn, "SELECT COUNT(*) FROM audit").fetchone()[0])
+        assert trips["n"] == 1, trips
+    assert await db.read(_count) == 9
+    with pytest.raises(Exception) as failed:
+        await db.write(_last_fails)
+    assert is_database_error(failed.value) and "no_such_table" in str(failed.value)
+    assert await db.read(_count, "undone") == 0
+    if pg:
+        with pytest.raises(AssertionError, match="after the unit"):
+            await db.write(_after_last)
+        assert await db.read(_count, "late") == 0
+    with pytest.raises(RuntimeError):
+        async with db.transaction():
+            await db.write(_two_rows_last, "in-tx")       # joins the transaction: no COMMIT
+            raise RuntimeError("boom")
+    assert await db.read(_count, "in-tx") == 0
+    assert await db.read(_count) == 9
