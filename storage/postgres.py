@@ -22,9 +22,7 @@ see a whole set unchanged while it decides (docs/internals.md "Concurrency, per 
 deadlock or serialization failure (40P01, 40001) rolls the unit back and runs ``fn`` again, at
 most ``RETRIES`` times; inside an awaited ``transaction()`` it cannot be replayed and surfaces
 as ``RetryLater`` (a database error: the delivery layer retries the step). Read units run
-concurrently, each in one REPEATABLE READ snapshot (SQLite's read transaction). A read's answer
-goes back to its caller as soon as its statements have run; the snapshot's COMMIT follows in
-the worker, off the caller's path (``_run_read``).
+concurrently, each in one REPEATABLE READ snapshot (SQLite's read transaction).
 
 The wire (what bench/README.md §11 measured): statements go to libpq directly, adapted by
 psycopg's own Transformer, prepared per connection from their second use; a unit's BEGIN
@@ -632,21 +630,15 @@ class UnitStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.units = 0
-        self.in_flight = 0          # units running now (a read's COMMIT after its answer too)
         self.round_trips = 0
         self.unit_seconds = 0.0
         self.lock_wait_seconds = 0.0
         self.retries = 0
         self.retry_seconds = 0.0
 
-    def begin_unit(self) -> None:
-        with self._lock:
-            self.in_flight += 1
-
     def add_unit(self, seconds: float) -> None:
         with self._lock:
             self.units += 1
-            self.in_flight -= 1
             self.unit_seconds += seconds
 
     def add_round_trips(self, n: int) -> None:
@@ -664,7 +656,7 @@ class UnitStats:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            return {"units": self.units, "in_flight": self.in_flight, "round_trips": self.round_trips, "unit_seconds": self.unit_seconds,
+            return {"units": self.units, "round_trips": self.round_trips, "unit_seconds": self.unit_seconds,
                     "lock_wait_seconds": self.lock_wait_seconds, "retries": self.retries,
                     "retry_seconds": self.retry_seconds}
 
@@ -806,15 +798,10 @@ class PgDatabase:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
         except psycopg.Error as e:
-            raise self._mapped(e) from e
-
-    def _mapped(self, e: psycopg.Error) -> BaseException:
-        """What the port raises for a driver error: a lost race or a statement's own error as
-        it is, an outage as DatabaseUnavailable (and the idle connections checked)."""
-        if _lost_race(e) or not _is_outage(e):
-            return e
-        self._check_idle()
-        return _unavailable(e)
+            if _lost_race(e) or not _is_outage(e):
+                raise
+            self._check_idle()
+            raise _unavailable(e) from e
 
     def _check_idle(self) -> None:
         """One dead connection means the server went away, and a restart killed the idle ones
@@ -863,50 +850,8 @@ class PgDatabase:
         finally:
             slots.release()
 
-    async def _run_read(self, fn: Callable[..., T], args: tuple) -> T:
-        """A read unit whose answer comes back as soon as ``fn`` has it: the snapshot's COMMIT
-        (a read-only transaction's, which changes nothing) follows in the worker while the
-        caller goes on, and only then are the connection and its slot given back. With the
-        database a network hop away, that is one round trip off the path of every read (the
-        message's context, consolidation's plan)."""
-        if self._executor is None:
-            raise DatabaseError("database is not open")
-        slots = self._slots
-        left = await self._slot()
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future = loop.create_future()
-
-        def settle(value: Any, error: BaseException | None) -> None:
-            if answer.done():       # cancelled, or answered before its COMMIT failed
-                return
-            if error is None:
-                answer.set_result(value)
-            else:
-                answer.set_exception(error)
-
-        def tell(*what: Any) -> None:
-            with contextlib.suppress(RuntimeError):     # the loop closed while the unit ran
-                loop.call_soon_threadsafe(*what)
-
-        def work() -> None:
-            try:
-                self._unit(fn, args, False, left, on_answer=lambda value: tell(settle, value, None))
-            except BaseException as e:      # noqa: BLE001 - handed to the caller
-                tell(settle, None, e)
-            finally:
-                tell(slots.release)
-        try:
-            self._executor.submit(work)
-        except BaseException:
-            slots.release()
-            raise
-        try:
-            return await answer
-        except psycopg.Error as e:
-            raise self._mapped(e) from e
-
     def _unit(self, fn: Callable[..., T], args: tuple, write: bool | None,
-              checkout: float = CHECKOUT_TIMEOUT, on_answer: Callable[[T], None] | None = None) -> T:
+              checkout: float = CHECKOUT_TIMEOUT) -> T:
         """``write``: True = a write transaction; False = a read snapshot; None = one statement
         (its own implicit transaction). A write that lost a race (deadlock, serialization
         failure) is rolled back and run again from the start, after a short random pause."""
@@ -914,11 +859,10 @@ class PgDatabase:
         attempt = 0
         while True:
             t0 = time.perf_counter()
-            self.stats.begin_unit()
             try:
                 with self._pool.connection(timeout=checkout) as raw:
                     raw._ethan_stats = self.stats   # type: ignore[attr-defined]
-                    return self._once(raw, fn, args, write, on_answer)
+                    return self._once(raw, fn, args, write)
             except psycopg.Error as e:
                 if write is False or not _lost_race(e) or attempt >= RETRIES:
                     raise
@@ -928,8 +872,7 @@ class PgDatabase:
             finally:
                 self.stats.add_unit(time.perf_counter() - t0)
 
-    def _once(self, raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None,
-              on_answer: Callable[[T], None] | None = None) -> T:
+    def _once(self, raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
         if write is None:
             conn = Connection(raw)
             try:
@@ -948,8 +891,6 @@ class PgDatabase:
                     _simple(raw, b"ROLLBACK")
             raise
         else:
-            if on_answer is not None:
-                on_answer(result)
             if conn.begin is None and not conn.ended:
                 conn.round_trips += 1
                 _simple(raw, b"COMMIT")
@@ -984,7 +925,7 @@ class PgDatabase:
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: fn(conn, *args))
-        return await self._run_read(fn, args)
+        return await self._run_unit(fn, args, False)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._write(fn, args, False)

@@ -2,13 +2,11 @@
 
 On SQLite a round trip is a hop to the SQLite thread and back (aiosqlite's ``_execute``); on
 PostgreSQL it is a message to the server and its answer (the engine's own count,
-``PgDatabase.stats``: each statement, and each unit's BEGIN-less COMMIT or ROLLBACK — a read's
-COMMIT too, which follows its answer: the count waits for the units still running)."""
+``PgDatabase.stats``: each statement, and each unit's BEGIN-less COMMIT or ROLLBACK)."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Iterator
 
 
@@ -22,11 +20,6 @@ def counting_round_trips(db) -> Iterator[dict]:
         try:
             yield trips
         finally:
-            # A read answers before its snapshot's COMMIT: wait for the units still running
-            # (in worker threads, so a blocking wait here does not hold them up).
-            end = time.monotonic() + 10
-            while db.stats.snapshot()["in_flight"] and time.monotonic() < end:
-                time.sleep(0.001)
             trips["n"] = db.stats.snapshot()["round_trips"] - before
         return
     real = db.conn._execute

@@ -143,38 +143,3 @@ def test_a_raw_driver_error_counts_as_a_database_error():
     assert is_database_error(wrapped)
     assert not is_database_error(RuntimeError("a bug"))
     assert not is_database_error(ValueError("bad input"))
-
-
-def _two_reads(conn, k: str) -> tuple:
-    row = conn.execute("SELECT n FROM wire WHERE k = ?", (k,)).fetchone()
-    total = conn.execute("SELECT COUNT(*) FROM wire").fetchone()[0]
-    return (row[0] if row else None, total)
-
-
-async def test_a_read_answers_before_its_snapshot_commits(db_target):
-    """A read unit's answer comes back as soon as its statements have run; the read-only
-    snapshot's COMMIT follows in the worker, and only then is the connection given back. With
-    the database 100 ms away each way (the delay proxy), the answer is there while the unit is
-    still open (not yet counted), the next unit on the one connection waits for it, and a
-    failing read still raises its own error."""
-    from tests.delay_proxy import DelayProxyProcess
-    port = int(db_target.rsplit(":", 1)[1].split("/", 1)[0])
-    with DelayProxyProcess(port, 0.1) as proxy:
-        d = await database(proxy.through(db_target), pool_size=1).open()
-        try:
-            await d.execute("CREATE TABLE wire (k TEXT PRIMARY KEY, n BIGINT, f DOUBLE PRECISION)")
-            await d.execute("INSERT INTO wire(k, n) VALUES ('a', 1)")
-            units = d.stats.snapshot()["units"]
-            assert await d.read(_two_reads, "a") == (1, 1)
-            assert d.stats.snapshot()["units"] == units      # answered; its COMMIT (200 ms) on its way
-            await d.execute("INSERT INTO wire(k, n) VALUES ('b', 2)")   # the one connection, after it
-            assert d.stats.snapshot()["units"] == units + 2
-            assert await d.read(_two_reads, "b") == (2, 2)
-            with pytest.raises(psycopg.errors.UndefinedTable):
-                await d.read(lambda conn: conn.execute("SELECT * FROM no_such_table").fetchall())
-            reader = asyncio.ensure_future(d.read(_two_reads, "a"))
-            await asyncio.sleep(0.05)
-            reader.cancel()                 # cancelled mid-unit: its slot still comes back
-            assert await d.read(_two_reads, "a") == (1, 2)
-        finally:
-            await d.close()

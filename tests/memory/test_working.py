@@ -361,8 +361,7 @@ async def test_context_and_view_equal_build_context_and_view(db, sessions, convo
 
 async def test_context_and_view_round_trips(db, sessions, convo):
     """The read every message makes: one hop on SQLite; on PostgreSQL the record with the
-    session's row, the warm rows, the window's ids, its messages (the view's too), and COMMIT
-    (which follows the answer: four on the message's path)."""
+    session's row, the warm rows, the window's ids, its messages (the view's too), and COMMIT."""
     from tests.round_trips import counting_round_trips
     w = wm(db, sessions)
     await convo.turns(4)
@@ -374,8 +373,7 @@ async def test_context_and_view_round_trips(db, sessions, convo):
 
 async def test_a_plan_with_nothing_due_is_three_round_trips(db, sessions, convo):
     """After every reply the queue asks for a plan: one statement says what is due, then the
-    turns counted, then COMMIT after the answer (the pending writes are read only when there are
-    some)."""
+    turns counted, then COMMIT (the pending writes are read only when there are some)."""
     from tests.round_trips import counting_round_trips
     await convo.turns(2)
     with counting_round_trips(db) as trips:
