@@ -220,7 +220,8 @@ def _append_assistant_sync(
 ) -> StoredMessage:
     # One statement (the session's existence, the insert, the stored row), the unit's whole
     # transaction: on PostgreSQL one round trip, and this runs for every answer.
-    row = execute_last(conn, 
+    row = execute_last(
+        conn,
         "INSERT INTO messages(session_id, role, content, tool_calls, created_at)"
         " SELECT ?, 'assistant', ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?)"
         f" RETURNING {_MESSAGE_RETURNING}",

@@ -102,8 +102,8 @@ def execute_last(conn: Any, sql: str, params: Sequence[Any] = ()) -> Any:
     """The last statement of a unit of work: ``conn.execute``, and on PostgreSQL the unit's
     transaction ends with it, in its round trip (a unit of this one statement sends no BEGIN;
     after others, the COMMIT goes in the same pipeline) — one round trip fewer per unit.
-    Nothing may run on ``conn`` after it (that raises), and what ``fn`` does after it cannot
-    undo it. Inside an awaited ``transaction()`` it is a plain statement of that transaction."""
+    Nothing may run on ``conn`` after it (on PostgreSQL that raises: it would run outside the
+    unit), and what ``fn`` does after it cannot undo it. Inside an awaited ``transaction()`` it is a plain statement of that transaction."""
     if dialect_of(conn) == "postgres":
         return conn.execute_last(sql, params)
     return conn.execute(sql, params)

@@ -295,16 +295,17 @@ def _simple(raw: psycopg.Connection, command: bytes) -> None:
 
 
 def _cursor(res, tx: Transformer, returns_id: bool) -> Cursor:
-    """A pipelined statement's result as a Cursor (``execute``'s reading of one)."""
+    """A successful result read as a Cursor (``_bound``'s and a pipeline's; ``execute`` keeps
+    its prepared statements' column index instead of building one)."""
     if res.status == pq.ExecStatus.TUPLES_OK:
         n = res.ntuples
+        if returns_id:      # text format: the id without loading the row
+            return Cursor([], n, int(res.get_value(0, 0).decode()) if n else None)
         rows: list = []
         if n:
             index = {res.fname(i).decode(): i for i in range(res.nfields)}
             tx.set_pgresult(res)
             rows = tx.load_rows(0, n, lambda values: Row(values, index))
-        if returns_id:
-            return Cursor([], n, int(rows[0][0]) if rows else None)
         return Cursor(rows, n, None)
     tuples = res.command_tuples
     return Cursor([], -1 if tuples is None else tuples, None)
@@ -525,21 +526,9 @@ class Connection:
                           if params else template.replace(b"%%", b"%"))
         pgconn = self.raw.pgconn
         res = pgconn.exec_(query)
-        status = res.status
-        if status == pq.ExecStatus.TUPLES_OK:
-            n = res.ntuples
-            if returns_id:
-                return Cursor([], n, int(res.get_value(0, 0).decode()) if n else None)
-            index = {res.fname(i).decode(): i for i in range(res.nfields)}
-            rows = []
-            if n:
-                tx.set_pgresult(res)
-                rows = tx.load_rows(0, n, lambda values: Row(values, index))
-            return Cursor(rows, n, None)
-        if status not in _OK:
+        if res.status not in _OK:
             _raise_for(pgconn, res, self._wire.encoding)
-        tuples = res.command_tuples
-        return Cursor([], -1 if tuples is None else tuples, None)
+        return _cursor(res, tx, returns_id)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         self.round_trips += 1       # psycopg pipelines executemany: about one round trip

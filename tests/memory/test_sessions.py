@@ -661,7 +661,7 @@ async def test_locked_database_gives_a_clear_error_and_loses_nothing(tmp_path, c
         await db.close()
 
 
-async def test_append_user_returns_the_session_as_stored_in_four_round_trips(db):
+async def test_append_user_returns_the_session_as_stored_in_three_round_trips(db):
     """What append_user returns is the session row after the message's triggers (counts,
     updated_at) — the same as reading it afterwards; on PostgreSQL the usual append (an open
     session) is four round trips: the active session with the duplicate check, the message, the
