@@ -37,6 +37,7 @@ import contextlib
 import functools
 import random
 import re
+import select
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -294,6 +295,32 @@ def _simple(raw: psycopg.Connection, command: bytes) -> None:
         _raise_for(pgconn, res, raw.info.encoding)
 
 
+def _sent(pgconn) -> None:
+    """Everything queued on a nonblocking connection (psycopg's) sent, waiting in ``poll`` —
+    without the GIL — while the socket is full; input read meanwhile, so the server is never
+    blocked writing to us while we write to it (libpq's documented loop)."""
+    while pgconn.flush():
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN | select.POLLOUT)
+        for _, mask in poller.poll():
+            if mask & select.POLLIN:
+                pgconn.consume_input()
+
+
+def _next_result(pgconn):
+    """``PQgetResult``, waiting for the server in ``poll`` rather than inside it: psycopg's
+    ``get_result`` blocks with the GIL held, so a pipeline waiting on a row lock froze the
+    whole process — its event loop, and the very transaction it waited for (another thread's
+    COMMIT) — until the lock timeout (tests/memory/test_port.py)."""
+    if pgconn.is_busy():
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN)
+        while pgconn.is_busy():
+            poller.poll()
+            pgconn.consume_input()
+    return pgconn.get_result()
+
+
 def _cursor(res, tx: Transformer, returns_id: bool) -> Cursor:
     """A successful result read as a Cursor (``_bound``'s and a pipeline's; ``execute`` keeps
     its prepared statements' column index instead of building one)."""
@@ -462,20 +489,20 @@ class Connection:
             if commit:
                 pgconn.send_query_params(b"COMMIT", None, None, None, 0)
             pgconn.pipeline_sync()
-            pgconn.flush()
+            _sent(pgconn)
             out: list[Cursor] = []
             failed = None
             for key, prepared, preparing, returns_id in sent:
                 if preparing:
-                    res = pgconn.get_result()
-                    pgconn.get_result()         # the command's end (NULL)
+                    res = _next_result(pgconn)
+                    _next_result(pgconn)      # the command's end (NULL)
                     if res is not None and res.status == pq.ExecStatus.COMMAND_OK:
                         wire.prepared[key] = prepared
                         wire.seen.pop(key, None)
                     elif failed is None:
                         failed = res
-                res = pgconn.get_result()
-                pgconn.get_result()
+                res = _next_result(pgconn)
+                _next_result(pgconn)
                 if res is None or res.status not in _OK:
                     if failed is None:
                         failed = res
@@ -483,11 +510,11 @@ class Connection:
                     continue
                 out.append(_cursor(res, tx, returns_id))
             if commit:
-                res = pgconn.get_result()
-                pgconn.get_result()
+                res = _next_result(pgconn)
+                _next_result(pgconn)
                 if failed is None and (res is None or res.status not in _OK):
                     failed = res
-            pgconn.get_result()                 # the sync's own result
+            _next_result(pgconn)              # the sync's own result
         except BaseException:
             # Results may be left unread: this connection cannot go back to the pool as it is.
             self.raw.close()

@@ -258,7 +258,15 @@ async def _discuss(serve, lark, chat: str, said=DISCUSSION, *, ago_s: float = 60
     t0 = int((time.time() - ago_s) * 1000)
     async with aiohttp.ClientSession() as http:
         for i, (who, text) in enumerate(said):
-            ev = make_text_event(text, chat_id=chat, chat_type="group", sender=who, create_time_ms=t0 + i * (1000 if ago_s else 10))
+            if ago_s:
+                at = t0 + i * 1000
+            else:
+                # Said now: each after whatever came before it (Ethan's last answer included)
+                # and before the question that follows — a time made up ahead of the clock
+                # could land after the question, in the next second its end_time leaves out.
+                await asyncio.sleep(0.005)
+                at = int(time.time() * 1000)
+            ev = make_text_event(text, chat_id=chat, chat_type="group", sender=who, create_time_ms=at)
             lark.register_inbound(ev)
             assert await post_event(http, serve.url, ev) == 200
 

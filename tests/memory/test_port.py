@@ -161,6 +161,39 @@ def _after_last(conn) -> None:
     conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'late', 'x')")
 
 
+def _insert_then_update_last(conn, row_id: int) -> int:
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'waiter', 'first')")
+    return execute_last(conn, "UPDATE audit SET action = 'after' WHERE id = ?", (row_id,)).rowcount
+
+
+async def test_a_unit_waiting_for_a_lock_at_its_last_statement_leaves_the_process_running(db):
+    """A unit whose last statement (with its COMMIT, one pipeline on PostgreSQL) waits for a
+    row another transaction of this process holds: the event loop and the other threads go on
+    while it waits — the holder commits, the waiter follows, first time. psycopg's
+    ``get_result`` blocks holding the GIL, so reading a pipeline's results that way froze the
+    whole process until the lock timeout (2 s) broke the wait: every webhook of the process
+    missed Lark's deadline (CI's 503s in tests/replicas)."""
+    row_id = await db.write(lambda conn: conn.execute(
+        "INSERT INTO audit(at, actor, action) VALUES (0, 'holder', 'before')").lastrowid)
+    retries = db.stats.retries if db.dialect == "postgres" else 0
+    ticks: list[float] = []
+    loop = asyncio.get_running_loop()
+    async with db.transaction() as tx:
+        await tx.execute("UPDATE audit SET action = 'held' WHERE id = ?", (row_id,))
+        waiter = asyncio.ensure_future(db.write(_insert_then_update_last, row_id))
+        for _ in range(10):         # the loop runs while the waiter waits in the database
+            await asyncio.sleep(0.02)
+            ticks.append(loop.time())
+        assert not waiter.done()
+    assert await asyncio.wait_for(waiter, 30) == 1
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert await db.read(lambda conn: conn.execute("SELECT action FROM audit WHERE id = ?",
+                                                   (row_id,)).fetchone()[0]) == "after"
+    if db.dialect == "postgres":
+        # The wait ended by the holder's COMMIT, not by the lock timeout and a replay.
+        assert db.stats.retries == retries, f"replayed after a lock timeout; gaps between ticks {gaps}"
+
+
 async def test_execute_last_ends_the_unit_in_its_own_round_trip(db):
     """``port.execute_last``: the unit's statements commit together, with one round trip fewer
     on PostgreSQL (no COMMIT of its own; a one-statement unit, its lock too, is one); a failing
