@@ -6,6 +6,9 @@ SQLite's own thread. psycopg's sync connection is a DB-API connection, so the ve
 functions run here, one pooled connection and one worker thread per unit of work, with no
 second async implementation of each store. asyncpg would need every unit rewritten as
 coroutines (and its own placeholder style); the measured cost of our way is in bench/README.md.
+The exception is a unit of one statement (or of independent statements in one pipeline): it
+needs no function of a store, so the event loop sends it and reads its result itself
+(``PgDatabase._run_alone``), with no hop to a worker and back, which cost more than the statement.
 
 The SQL the stores write is SQLite's dialect; ``translate`` rewrites the few spellings that
 differ (placeholders, ``INSERT OR IGNORE``, ``instr``, negative ``substr``, ``LIKE``'s case
@@ -295,30 +298,80 @@ def _simple(raw: psycopg.Connection, command: bytes) -> None:
         _raise_for(pgconn, res, raw.info.encoding)
 
 
-def _sent(pgconn) -> None:
-    """Everything queued on a nonblocking connection (psycopg's) sent, waiting in ``poll`` —
-    without the GIL — while the socket is full; input read meanwhile, so the server is never
-    blocked writing to us while we write to it (libpq's documented loop)."""
+def _sent(pgconn):
+    """Everything queued on a nonblocking connection (psycopg's) sent, as steps: while the
+    socket is full, wait for it readable or writable, reading input meanwhile, so the server is
+    never blocked writing to us while we write to it (libpq's documented loop)."""
     while pgconn.flush():
-        poller = select.poll()
-        poller.register(pgconn.socket, select.POLLIN | select.POLLOUT)
-        for _, mask in poller.poll():
-            if mask & select.POLLIN:
-                pgconn.consume_input()
+        yield _WRITE
+        pgconn.consume_input()
+
+
+# What a pipeline's steps (``Connection._pipeline_steps``) wait for between them: the socket
+# readable (a reply), or readable-or-writable (the send buffer was full). Its driver does the
+# waiting: ``_drive`` in a worker thread (``poll``), ``_drive_on_loop`` on the event loop.
+_READ, _WRITE = "read", "write"
 
 
 def _next_result(pgconn):
-    """``PQgetResult``, waiting for the server in ``poll`` rather than inside it: psycopg's
-    ``get_result`` blocks with the GIL held, so a pipeline waiting on a row lock froze the
-    whole process — its event loop, and the very transaction it waited for (another thread's
-    COMMIT) — until the lock timeout (tests/memory/test_port.py)."""
-    if pgconn.is_busy():
-        poller = select.poll()
-        poller.register(pgconn.socket, select.POLLIN)
-        while pgconn.is_busy():
-            poller.poll()
-            pgconn.consume_input()
+    """``PQgetResult`` once it will not block, as steps: waiting for the server is the driver's
+    (``poll`` or the event loop), never inside libpq — psycopg's ``get_result`` blocks with the
+    GIL held, so a pipeline waiting on a row lock froze the whole process, its event loop and
+    the very transaction it waited for (another thread's COMMIT), until the lock timeout
+    (tests/memory/test_port.py)."""
+    while pgconn.is_busy():
+        yield _READ
+        pgconn.consume_input()
     return pgconn.get_result()
+
+
+def _drive(steps, sock: int):
+    """Run a pipeline's steps in this (worker) thread, waiting in ``poll`` without the GIL."""
+    try:
+        step = next(steps)
+        while True:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN | (select.POLLOUT if step is _WRITE else 0))
+            poller.poll()
+            step = steps.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _drive_on_loop(steps, sock: int):
+    """Run a pipeline's steps on the event loop, waiting for the socket as the loop waits for
+    any other: no worker thread and no hop there and back (each hop cost ~0.1 ms of CPU on
+    this VM, about a quarter of a one-statement unit). If this is cancelled mid-way, the
+    steps are closed, which closes the connection (its results are left unread)."""
+    loop = asyncio.get_running_loop()
+    try:
+        step = next(steps)
+    except StopIteration as done:
+        return done.value
+    try:
+        while True:
+            fut = loop.create_future()
+            loop.add_reader(sock, _wake, fut)
+            if step is _WRITE:
+                loop.add_writer(sock, _wake, fut)
+            try:
+                await fut
+            finally:
+                loop.remove_reader(sock)
+                if step is _WRITE:
+                    loop.remove_writer(sock)
+            try:
+                step = steps.send(None)
+            except StopIteration as done:
+                return done.value
+    except BaseException:
+        steps.close()
+        raise
 
 
 def _cursor(res, tx: Transformer, returns_id: bool) -> Cursor:
@@ -453,6 +506,10 @@ class Connection:
     def _pipeline(self, statements: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False) -> list[Cursor]:
         """The statements sent at once, one sync, then every result read: one round trip.
         ``commit``: a COMMIT after them, in the same pipeline (``execute_last``)."""
+        return _drive(self._pipeline_steps(statements, commit), self.raw.pgconn.socket)
+
+    def _pipeline_steps(self, statements: Sequence[tuple[str, Sequence[Any]]], commit: bool):
+        """``_pipeline`` as steps that yield what they wait for (``_drive``, ``_drive_on_loop``)."""
         if self.ended:
             raise AssertionError("a statement after the unit's execute_last: it would run outside the unit")
         wire, tx, pgconn = self._wire, self._wire.tx, self.raw.pgconn
@@ -489,20 +546,20 @@ class Connection:
             if commit:
                 pgconn.send_query_params(b"COMMIT", None, None, None, 0)
             pgconn.pipeline_sync()
-            _sent(pgconn)
+            yield from _sent(pgconn)
             out: list[Cursor] = []
             failed = None
             for key, prepared, preparing, returns_id in sent:
                 if preparing:
-                    res = _next_result(pgconn)
-                    _next_result(pgconn)      # the command's end (NULL)
+                    res = yield from _next_result(pgconn)
+                    yield from _next_result(pgconn)      # the command's end (NULL)
                     if res is not None and res.status == pq.ExecStatus.COMMAND_OK:
                         wire.prepared[key] = prepared
                         wire.seen.pop(key, None)
                     elif failed is None:
                         failed = res
-                res = _next_result(pgconn)
-                _next_result(pgconn)
+                res = yield from _next_result(pgconn)
+                yield from _next_result(pgconn)
                 if res is None or res.status not in _OK:
                     if failed is None:
                         failed = res
@@ -510,11 +567,11 @@ class Connection:
                     continue
                 out.append(_cursor(res, tx, returns_id))
             if commit:
-                res = _next_result(pgconn)
-                _next_result(pgconn)
+                res = yield from _next_result(pgconn)
+                yield from _next_result(pgconn)
                 if failed is None and (res is None or res.status not in _OK):
                     failed = res
-            _next_result(pgconn)              # the sync's own result
+            yield from _next_result(pgconn)              # the sync's own result
         except BaseException:
             # Results may be left unread: this connection cannot go back to the pool as it is.
             self.raw.close()
@@ -866,6 +923,58 @@ class PgDatabase:
         finally:
             slots.release()
 
+    async def _run_alone(self, statements: list[tuple[str, Sequence[Any]]]) -> list[Cursor]:
+        """A one-statement unit (or independent statements in one pipeline: one implicit
+        transaction, one round trip), run on the event loop itself: the statements are sent and
+        their results read by the loop, which waits for the socket as for any other. Five of a
+        message's nine units are such (bench/README.md §16), and a hop to a worker thread and
+        back cost more CPU than the statement. A unit that lost a race (the lock timeout, a
+        deadlock) runs again, as in ``_unit``. Without an idle connection at hand (the pool
+        still growing, or a check of it running), the unit takes the worker path instead: the
+        pool's checkout can block, and the loop must not."""
+        slots = self._slots
+        left = await self._slot()
+        try:
+            attempt = 0
+            while True:
+                raw = self._idle_connection()
+                if raw is None:
+                    return await self._hop(lambda: self._unit(lambda c: c._pipeline(statements), (), None, left))
+                t0 = time.perf_counter()
+                conn = Connection(raw)
+                try:
+                    return await _drive_on_loop(conn._pipeline_steps(statements, False), raw.pgconn.socket)
+                except psycopg.Error as e:
+                    if _lost_race(e) and attempt < RETRIES:
+                        attempt += 1
+                        self.stats.add_retry(time.perf_counter() - t0)
+                        await asyncio.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 6)))
+                        continue
+                    if _lost_race(e) or not _is_outage(e):
+                        raise
+                    self._check_idle()
+                    raise _unavailable(e) from e
+                finally:
+                    self._pool.putconn(raw)
+                    self.stats.add_unit(time.perf_counter() - t0)
+                    self.stats.add_round_trips(conn.round_trips)
+        finally:
+            slots.release()
+
+    def _idle_connection(self) -> psycopg.Connection | None:
+        """A pooled connection that is free now, or None; never waits (on the event loop)."""
+        pool = self._pool
+        if pool is None:
+            raise DatabaseError("database is not open")
+        if pool.get_stats().get("pool_available", 0) <= 0:
+            return None
+        try:
+            # Free a moment ago; a thread of ours may have taken it since (only the idle check
+            # does): then wait no more than a blink of the loop for another.
+            return pool.getconn(timeout=0.02)
+        except psycopg_pool_timeout():
+            return None
+
     def _unit(self, fn: Callable[..., T], args: tuple, write: bool | None,
               checkout: float = CHECKOUT_TIMEOUT) -> T:
         """``write``: True = a write transaction; False = a read snapshot; None = one statement
@@ -969,7 +1078,7 @@ class PgDatabase:
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: conn.execute(sql, params))
-        return await self._run_unit(lambda c: c.execute(sql, params), (), None)
+        return (await self._run_alone([(sql, params)]))[0]
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         rows = list(rows)
@@ -979,7 +1088,7 @@ class PgDatabase:
         conn = self._tx_of_task()
         if conn is not None:
             return await self._hop(lambda: conn.execute(sql, params).fetchall())
-        return await self._run_unit(lambda c: c.execute(sql, params).fetchall(), (), None)
+        return (await self._run_alone([(sql, params)]))[0].fetchall()
 
     async def fetch_each(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
                          write: bool = False) -> list[list]:
@@ -989,7 +1098,7 @@ class PgDatabase:
         if conn is not None:       # inside transaction(): its statements, one hop each
             return [await self._hop(lambda sql=sql, params=params: conn.execute(sql, params).fetchall())
                     for sql, params in statements]
-        return await self._run_unit(lambda c: c.pipelined(statements), (), None)
+        return [c.fetchall() for c in await self._run_alone(statements)]
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()):
         rows = await self._statement(sql, params)

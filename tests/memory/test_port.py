@@ -226,3 +226,56 @@ async def test_execute_last_ends_the_unit_in_its_own_round_trip(db):
             raise RuntimeError("boom")
     assert await db.read(_count, "in-tx") == 0
     assert await db.read(_count) == 9
+
+
+async def test_a_one_statement_unit_runs_on_the_event_loop_and_a_cancelled_one_costs_nothing_else(db):
+    """PostgreSQL: ``fetchone``/``fetchall``/``execute``/``fetch_each`` are sent and read by the
+    event loop itself — no hop to a worker thread (a hop cost more CPU than the statement) —
+    while the loop goes on serving others: a one-statement UPDATE waiting for a row that a
+    transaction of this process holds leaves the loop ticking, and follows the holder's COMMIT.
+    Cancelled mid-statement, such a unit gives back its slot and its connection (closed, so no
+    unread result can reach the next user): every later unit is served."""
+    if db.dialect != "postgres":
+        pytest.skip("SQLite's units all run in its one thread")
+    row_id = await db.insert("INSERT INTO audit(at, actor, action) VALUES (0, 'holder', 'before')")
+    hops: list[str] = []
+    executor = db._executor
+    submit = executor.submit
+
+    def counted(fn, *a, **kw):
+        hops.append(getattr(fn, "__qualname__", repr(fn)))
+        return submit(fn, *a, **kw)
+    executor.submit = counted
+    try:
+        for _ in range(3):      # also once the statements are prepared
+            assert (await db.fetchone("SELECT action FROM audit WHERE id = ?", (row_id,)))[0] == "before"
+            assert len(await db.fetchall("SELECT id FROM audit")) == 1
+            assert await db.execute("UPDATE audit SET actor = 'holder' WHERE id = ?", (row_id,)) == 1
+            assert await db.fetch_each([("SELECT 1", ()), ("SELECT 2", ())]) == [[(1,)], [(2,)]]
+        assert hops == [], f"one-statement units hopped to a worker thread: {hops}"
+    finally:
+        executor.submit = submit
+
+    retries = db.stats.retries
+    loop = asyncio.get_running_loop()
+    ticks: list[float] = []
+    async with db.transaction() as tx:
+        await tx.execute("UPDATE audit SET action = 'held' WHERE id = ?", (row_id,))
+        waiter = asyncio.ensure_future(db.execute("UPDATE audit SET action = 'after' WHERE id = ?", (row_id,)))
+        for _ in range(10):
+            await asyncio.sleep(0.02)
+            ticks.append(loop.time())
+        assert not waiter.done()
+    assert await asyncio.wait_for(waiter, 30) == 1
+    assert db.stats.retries == retries, "the wait ended by the lock timeout and a replay, not the COMMIT"
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 1.0
+
+    for _ in range(3):
+        slow = asyncio.ensure_future(db.fetchone("SELECT pg_sleep(30)"))
+        await asyncio.sleep(0.2)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+    rows = await asyncio.wait_for(asyncio.gather(*(db.fetchone("SELECT ?::int", (i,)) for i in range(3 * db.pool_size))), 30)
+    assert [r[0] for r in rows] == list(range(3 * db.pool_size))
+    assert (await db.fetchone("SELECT action FROM audit WHERE id = ?", (row_id,)))[0] == "after"
