@@ -276,6 +276,7 @@ async def test_a_one_statement_unit_runs_on_the_event_loop_and_a_cancelled_one_c
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
             await slow
+    assert db._slots._value == db.pool_size, "a cancelled unit kept its connection slot"
     rows = await asyncio.wait_for(asyncio.gather(*(db.fetchone("SELECT ?::int", (i,)) for i in range(3 * db.pool_size))), 30)
     assert [r[0] for r in rows] == list(range(3 * db.pool_size))
     assert (await db.fetchone("SELECT action FROM audit WHERE id = ?", (row_id,)))[0] == "after"
