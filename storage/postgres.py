@@ -1,14 +1,18 @@
 """The PostgreSQL engine of the storage port (storage/port.py).
 
-Why psycopg 3 with sync connections in a worker pool (and not asyncpg): every store's unit of
-work is one plain function over a DB-API connection (``fn(conn, *args)``), run today in
-SQLite's own thread. psycopg's sync connection is a DB-API connection, so the very same
-functions run here, one pooled connection and one worker thread per unit of work, with no
-second async implementation of each store. asyncpg would need every unit rewritten as
-coroutines (and its own placeholder style); the measured cost of our way is in bench/README.md.
-The exception is a unit of one statement (or of independent statements in one pipeline): it
-needs no function of a store, so the event loop sends it and reads its result itself
-(``PgDatabase._run_alone``), with no hop to a worker and back, which cost more than the statement.
+Why psycopg 3 with sync connections (and not asyncpg): every store's unit of work is one plain
+function over a DB-API connection (``fn(conn, *args)``), run today in SQLite's own thread.
+psycopg's sync connection is a DB-API connection, so the very same functions run here, one
+pooled connection per unit of work, with no second async implementation of each store. asyncpg
+would need every unit rewritten as coroutines (and its own placeholder style).
+
+Where a unit runs: on the event loop, in a greenlet of the loop's thread (``_on_loop``). Each of
+its waits for the server (``Connection`` sends nonblocking, then ``_switch_to_loop``) is a
+switch back to the loop, which awaits the socket as any other and switches back: the unit's
+code stays plain sync code, and there is no hop to a worker thread and back per unit, nor a
+thread switch and a wait for the interpreter lock per round trip (bench/README.md §16). The
+worker threads remain for what may block: a unit when no pooled connection is idle (the pool's
+checkout blocks), the statements of an awaited ``transaction()``, opening and migrating.
 
 The SQL the stores write is SQLite's dialect; ``translate`` rewrites the few spellings that
 differ (placeholders, ``INSERT OR IGNORE``, ``instr``, negative ``substr``, ``LIKE``'s case
@@ -47,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence, TypeVar
 
+import greenlet
 import psycopg
 from psycopg import errors, pq
 from psycopg.adapt import Dumper, Loader, PyFormat, Transformer
@@ -289,9 +294,9 @@ def _raise_for(pgconn: pq.abc.PGconn, res, encoding: str):
 
 
 def _simple(raw: psycopg.Connection, command: bytes) -> None:
-    """A command without parameters or rows (BEGIN, COMMIT, ROLLBACK, the write lock) straight
-    through libpq (which releases the GIL while it waits): psycopg's cursor machinery costs
-    more CPU than the round trip itself for these."""
+    """A command without parameters or rows (BEGIN, COMMIT, ROLLBACK) straight through libpq
+    (which releases the GIL while it waits): psycopg's cursor machinery costs more CPU than the
+    round trip itself for these."""
     pgconn = raw.pgconn
     res = pgconn.exec_(command)
     if res.status not in _OK:
@@ -308,8 +313,8 @@ def _sent(pgconn):
 
 
 # What a pipeline's steps (``Connection._pipeline_steps``) wait for between them: the socket
-# readable (a reply), or readable-or-writable (the send buffer was full). Its driver does the
-# waiting: ``_drive`` in a worker thread (``poll``), ``_drive_on_loop`` on the event loop.
+# readable (a reply), or readable-or-writable (the send buffer was full). ``_drive`` does the
+# waiting: ``poll`` in a worker thread, or a switch to the event loop (``_switch_to_loop``).
 _READ, _WRITE = "read", "write"
 
 
@@ -325,17 +330,42 @@ def _next_result(pgconn):
     return pgconn.get_result()
 
 
-def _drive(steps, sock: int):
-    """Run a pipeline's steps in this (worker) thread, waiting in ``poll`` without the GIL."""
+def _poll(sock: int, step: str) -> None:
+    """Wait for ``step`` in this (worker) thread, in ``poll``, without the GIL."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | (select.POLLOUT if step is _WRITE else 0))
+    poller.poll()
+
+
+def _drive(steps, sock: int, wait: Callable[[int, str], None] = _poll):
+    """Run a pipeline's steps here, each wait by ``wait``: ``_poll`` in a worker thread, or a
+    switch to the event loop's greenlet for a unit run on the loop (``_on_loop``)."""
     try:
         step = next(steps)
         while True:
-            poller = select.poll()
-            poller.register(sock, select.POLLIN | (select.POLLOUT if step is _WRITE else 0))
-            poller.poll()
+            wait(sock, step)
             step = steps.send(None)
     except StopIteration as done:
         return done.value
+
+
+def _result(pgconn, sock: int, wait: Callable[[int, str], None]):
+    """What ``PQexec`` returns (the last result of what was sent), waiting by ``wait``."""
+    def steps():
+        yield from _sent(pgconn)
+        last = None
+        while True:
+            res = yield from _next_result(pgconn)
+            if res is None:
+                return last
+            last = res
+    return _drive(steps(), sock, wait)
+
+
+def _switch_to_loop(sock: int, step: str) -> None:
+    """A wait of a unit run on the event loop (``PgDatabase._on_loop``): hand ``(sock, step)``
+    to the loop's greenlet, which awaits the socket and switches back."""
+    greenlet.getcurrent().parent.switch((sock, step))
 
 
 def _wake(fut: asyncio.Future) -> None:
@@ -343,31 +373,9 @@ def _wake(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-async def _drive_on_loop(steps, sock: int):
-    """Run a pipeline's steps on the event loop, waiting for the socket as the loop waits for
-    any other: no worker thread and no hop there and back (a hop alone cost 0.14–0.17 ms of CPU
-    on this VM, more than the statement). If this is cancelled mid-way, the steps are closed,
-    which closes the connection (its results are left unread)."""
-    loop = asyncio.get_running_loop()
-    try:
-        step = next(steps)
-        while True:
-            fut = loop.create_future()
-            loop.add_reader(sock, _wake, fut)
-            if step is _WRITE:
-                loop.add_writer(sock, _wake, fut)
-            try:
-                await fut
-            finally:
-                loop.remove_reader(sock)
-                if step is _WRITE:
-                    loop.remove_writer(sock)
-            step = steps.send(None)
-    except StopIteration as done:
-        return done.value
-    except BaseException:
-        steps.close()
-        raise
+def _pipelined(conn: "Connection", statements: Sequence[tuple[str, Sequence[Any]]]) -> list["Cursor"]:
+    """The unit of ``PgDatabase._run_alone``: independent statements in one pipeline."""
+    return conn._pipeline(statements)
 
 
 def _cursor(res, tx: Transformer, returns_id: bool) -> Cursor:
@@ -397,8 +405,11 @@ class Connection:
     objects), which was most of this backend's CPU per message (bench/README.md §11)."""
     dialect = "postgres"
 
-    def __init__(self, raw: psycopg.Connection, begin: bytes | None = None) -> None:
+    def __init__(self, raw: psycopg.Connection, begin: bytes | None = None, *, on_loop: bool = False) -> None:
         self.raw = raw
+        # In a greenlet of the event loop's (``PgDatabase._on_loop``): every wait for the server
+        # is a switch to the loop, never a blocking call (the loop must not block).
+        self.on_loop = on_loop
         # The unit's BEGIN (and write lock), sent with its first statement (see ``_bound``)
         self.begin = begin
         # A unit's own transaction (``_once``), which ``execute_last`` may end; not the
@@ -429,23 +440,42 @@ class Connection:
             values, types, formats = None, (), None
         key = (query, types)
         prepared = wire.prepared.get(key)
+        on_loop = self.on_loop
         if prepared is not None:
-            res = pgconn.exec_prepared(prepared[0], values, formats, 0)
+            if on_loop:
+                pgconn.send_query_prepared(prepared[0], values, formats, 0)
+                res = _result(pgconn, pgconn.socket, _switch_to_loop)
+            else:
+                res = pgconn.exec_prepared(prepared[0], values, formats, 0)
         else:
             seen = wire.seen[key] = wire.seen.get(key, 0) + 1
             if seen >= PREPARE_AFTER and len(wire.prepared) < MAX_PREPARED:
                 wire.names += 1
                 name = b"ethan_%d" % wire.names
-                res = pgconn.prepare(name, query, types or None)
-                if res.status != pq.ExecStatus.COMMAND_OK:
+                if on_loop:
+                    pgconn.send_prepare(name, query, types or None)
+                    res = _result(pgconn, pgconn.socket, _switch_to_loop)
+                else:
+                    res = pgconn.prepare(name, query, types or None)
+                if res is None or res.status != pq.ExecStatus.COMMAND_OK:
                     _raise_for(pgconn, res, wire.encoding)
                 prepared = wire.prepared[key] = (name, None)
                 del wire.seen[key]
-                res = pgconn.exec_prepared(name, values, formats, 0)
+                if on_loop:
+                    pgconn.send_query_prepared(name, values, formats, 0)
+                    res = _result(pgconn, pgconn.socket, _switch_to_loop)
+                else:
+                    res = pgconn.exec_prepared(name, values, formats, 0)
             else:
                 if len(wire.seen) > 4 * MAX_PREPARED:
                     wire.seen.clear()
-                res = pgconn.exec_params(query, values, types or None, formats, 0)
+                if on_loop:
+                    pgconn.send_query_params(query, values, types or None, formats, 0)
+                    res = _result(pgconn, pgconn.socket, _switch_to_loop)
+                else:
+                    res = pgconn.exec_params(query, values, types or None, formats, 0)
+        if res is None:
+            _raise_for(pgconn, res, wire.encoding)
         status = res.status
         if status == pq.ExecStatus.TUPLES_OK:
             n = res.ntuples
@@ -502,10 +532,11 @@ class Connection:
     def _pipeline(self, statements: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False) -> list[Cursor]:
         """The statements sent at once, one sync, then every result read: one round trip.
         ``commit``: a COMMIT after them, in the same pipeline (``execute_last``)."""
-        return _drive(self._pipeline_steps(statements, commit), self.raw.pgconn.socket)
+        return _drive(self._pipeline_steps(statements, commit), self.raw.pgconn.socket,
+                      _switch_to_loop if self.on_loop else _poll)
 
     def _pipeline_steps(self, statements: Sequence[tuple[str, Sequence[Any]]], commit: bool):
-        """``_pipeline`` as steps that yield what they wait for (``_drive``, ``_drive_on_loop``)."""
+        """``_pipeline`` as steps that yield what they wait for (``_drive``)."""
         if self.ended:
             raise AssertionError("a statement after the unit's execute_last: it would run outside the unit")
         wire, tx, pgconn = self._wire, self._wire.tx, self.raw.pgconn
@@ -604,18 +635,34 @@ class Connection:
         tx = self._wire.tx
         query = prefix + (template % tuple(b"NULL" if p is None else tx.as_literal(p) for p in params)
                           if params else template.replace(b"%%", b"%"))
-        pgconn = self.raw.pgconn
-        res = pgconn.exec_(query)
-        if res.status not in _OK:
-            _raise_for(pgconn, res, self._wire.encoding)
+        res = self.simple(query)
         return _cursor(res, tx, returns_id)
+
+    def simple(self, command: bytes):
+        """``command`` (no parameters: BEGIN, COMMIT, ROLLBACK, a client-side bound statement)
+        as one simple-protocol message; its last result, raised if it failed."""
+        pgconn = self.raw.pgconn
+        if self.on_loop:
+            pgconn.send_query(command)
+            res = _result(pgconn, pgconn.socket, _switch_to_loop)
+        else:
+            res = pgconn.exec_(command)
+        if res is None or res.status not in _OK:
+            _raise_for(pgconn, res, self._wire.encoding)
+        return res
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         self.round_trips += 1       # psycopg pipelines executemany: about one round trip
         if self.begin is not None:
             begin, self.begin = self.begin, None
-            _simple(self.raw, begin)
+            self.simple(begin)
             self.round_trips += 1
+        if self.on_loop:            # psycopg's cursor would block the loop: our own pipeline
+            rows = [tuple(r) for r in rows]
+            if rows:
+                self.round_trips -= 1
+                self._pipeline([(sql, r) for r in rows])
+            return
         q, _ = translate(sql)
         if q.endswith(" RETURNING id") and _:
             q = q[: -len(" RETURNING id")]
@@ -925,50 +972,75 @@ class PgDatabase:
         return max(0.05, CHECKOUT_TIMEOUT - (time.monotonic() - start))
 
     async def _run_unit(self, fn: Callable[..., T], args: tuple, write: bool | None, first: bool = False) -> T:
+        """A unit of work on the event loop (``_on_loop``): its function runs in a greenlet of
+        the loop's thread, and each of its waits for the server is the loop waiting for the
+        socket, as for any other — no worker thread, no hop there and back, no thread switch
+        per round trip (bench/README.md §16). Without an idle connection at hand (the pool
+        still growing, or a check of it running), it takes the worker path: the pool's
+        checkout can block, and the loop must not."""
         slots = self._slots
         left = await self._slot(first)
         try:
-            return await self._hop(lambda: self._unit(fn, args, write, left))
+            raw = self._idle_connection()
+            if raw is None:
+                return await self._hop(lambda: self._unit(fn, args, write, left))
+            try:
+                return await self._on_loop(raw, fn, args, write)
+            finally:
+                self._pool.putconn(raw)
         finally:
             slots.release()
 
+    async def _on_loop(self, raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+        """``_unit`` on the loop: ``fn`` in a greenlet, whose waits (``_switch_to_loop``) come
+        here as ``(socket, step)`` and are awaited, then it goes on. A lost race is rolled back
+        and replayed, as in ``_unit``. Cancelled mid-way, the connection is closed first (the
+        server rolls back; no unread result can reach the next user), then the greenlet is
+        unwound."""
+        loop = asyncio.get_running_loop()
+        raw._ethan_stats = self.stats   # type: ignore[attr-defined]
+        attempt = 0
+        while True:
+            t0 = time.perf_counter()
+            unit = greenlet.greenlet(lambda: self._once(raw, fn, args, write, on_loop=True))
+            try:
+                wait = unit.switch()
+                while not unit.dead:
+                    sock, step = wait
+                    fut = loop.create_future()
+                    loop.add_reader(sock, _wake, fut)
+                    if step is _WRITE:
+                        loop.add_writer(sock, _wake, fut)
+                    try:
+                        try:
+                            await fut
+                        finally:
+                            loop.remove_reader(sock)
+                            if step is _WRITE:
+                                loop.remove_writer(sock)
+                    except BaseException:
+                        raw.close()
+                        unit.throw(greenlet.GreenletExit)
+                        raise
+                    wait = unit.switch()
+                return wait
+            except psycopg.Error as e:
+                if write is not False and _lost_race(e) and attempt < RETRIES:
+                    attempt += 1
+                    self.stats.add_retry(time.perf_counter() - t0)
+                    await asyncio.sleep(_backoff(attempt))
+                    continue
+                unavailable = self._outage(e)
+                if unavailable is None:
+                    raise
+                raise unavailable from e
+            finally:
+                self.stats.add_unit(time.perf_counter() - t0)
+
     async def _run_alone(self, statements: list[tuple[str, Sequence[Any]]]) -> list[Cursor]:
         """A one-statement unit (or independent statements in one pipeline: one implicit
-        transaction, one round trip), run on the event loop itself: the statements are sent and
-        their results read by the loop, which waits for the socket as for any other. Five of a
-        message's nine units are such (bench/README.md §16), and a hop to a worker thread and
-        back cost more CPU than the statement. A unit that lost a race (the lock timeout, a
-        deadlock) runs again, as in ``_unit``. Without an idle connection at hand (the pool
-        still growing, or a check of it running), the unit takes the worker path instead: the
-        pool's checkout can block, and the loop must not."""
-        slots = self._slots
-        left = await self._slot()
-        try:
-            attempt = 0
-            while True:
-                raw = self._idle_connection()
-                if raw is None:
-                    return await self._hop(lambda: self._unit(lambda c: c._pipeline(statements), (), None, left))
-                t0 = time.perf_counter()
-                conn = Connection(raw)
-                try:
-                    return await _drive_on_loop(conn._pipeline_steps(statements, False), raw.pgconn.socket)
-                except psycopg.Error as e:
-                    if _lost_race(e) and attempt < RETRIES:
-                        attempt += 1
-                        self.stats.add_retry(time.perf_counter() - t0)
-                        await asyncio.sleep(_backoff(attempt))
-                        continue
-                    unavailable = self._outage(e)
-                    if unavailable is None:
-                        raise
-                    raise unavailable from e
-                finally:
-                    self._pool.putconn(raw)
-                    self.stats.add_unit(time.perf_counter() - t0)
-                    self.stats.add_round_trips(conn.round_trips)
-        finally:
-            slots.release()
+        transaction, one round trip)."""
+        return await self._run_unit(_pipelined, (statements,), None)
 
     def _idle_connection(self) -> psycopg.Connection | None:
         """A pooled connection that is free now, or None; never waits (on the event loop)."""
@@ -1006,28 +1078,29 @@ class PgDatabase:
             finally:
                 self.stats.add_unit(time.perf_counter() - t0)
 
-    def _once(self, raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None) -> T:
+    def _once(self, raw: psycopg.Connection, fn: Callable[..., T], args: tuple, write: bool | None,
+              on_loop: bool = False) -> T:
         if write is None:
-            conn = Connection(raw)
+            conn = Connection(raw, on_loop=on_loop)
             try:
                 return fn(conn, *args)
             finally:
                 self.stats.add_round_trips(conn.round_trips)
         # BEGIN goes with the unit's first statement; a unit that ran none has begun nothing
         # and has nothing to commit.
-        conn = Connection(raw, _BEGIN_WRITE if write else _BEGIN_READ)
+        conn = Connection(raw, _BEGIN_WRITE if write else _BEGIN_READ, on_loop=on_loop)
         try:
             result = fn(conn, *args)
         except BaseException:
-            if conn.begin is None and not conn.ended:
+            if conn.begin is None and not conn.ended and not raw.closed:
                 conn.round_trips += 1
                 with contextlib.suppress(Exception):
-                    _simple(raw, b"ROLLBACK")
+                    conn.simple(b"ROLLBACK")
             raise
         else:
             if conn.begin is None and not conn.ended:
                 conn.round_trips += 1
-                _simple(raw, b"COMMIT")
+                conn.simple(b"COMMIT")
         finally:
             self.stats.add_round_trips(conn.round_trips)
         return result

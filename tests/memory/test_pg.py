@@ -5,7 +5,6 @@ failed first statement, client-side binding of one-statement writes, prepared st
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import psycopg
 import pytest
@@ -61,11 +60,16 @@ async def test_write_units_take_no_lock_shared_by_every_writer(db_target):
     d = await database(db_target, pool_size=2).open()
     try:
         await d.execute("CREATE TABLE pair (k TEXT PRIMARY KEY)")
-        second_done = threading.Event()
 
         def first(conn):
+            # waits at the database (a unit's only waits are there: it may run on the event
+            # loop) until the second's row is committed, which READ COMMITTED then shows
             conn.execute("INSERT INTO pair(k) VALUES ('first')")
-            return second_done.wait(5)
+            for _ in range(250):
+                if conn.execute("SELECT count(*) FROM pair WHERE k = 'second'").fetchone()[0]:
+                    return True
+                conn.execute("SELECT pg_sleep(0.02)")
+            return False
 
         def second(conn):
             conn.execute("INSERT INTO pair(k) VALUES ('second')")
@@ -73,9 +77,7 @@ async def test_write_units_take_no_lock_shared_by_every_writer(db_target):
 
         async def later():
             await asyncio.sleep(0.1)
-            ok = await d.write(second)
-            second_done.set()
-            return ok
+            return await d.write(second)
 
         assert await asyncio.gather(d.write(first), later()) == [True, True]
     finally:

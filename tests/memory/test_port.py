@@ -228,13 +228,30 @@ async def test_execute_last_ends_the_unit_in_its_own_round_trip(db):
     assert await db.read(_count) == 9
 
 
-async def test_a_one_statement_unit_runs_on_the_event_loop_and_a_cancelled_one_costs_nothing_else(db):
-    """PostgreSQL: ``fetchone``/``fetchall``/``execute``/``fetch_each`` are sent and read by the
-    event loop itself — no hop to a worker thread (a hop cost more CPU than the statement) —
-    while the loop goes on serving others: a one-statement UPDATE waiting for a row that a
+def _two_reads(conn, row_id):
+    a = conn.execute("SELECT action FROM audit WHERE id = ?", (row_id,)).fetchone()[0]
+    return a, conn.execute("SELECT count(*) FROM audit WHERE id <= ?", (row_id,)).fetchone()[0]
+
+
+def _two_writes(conn, row_id, action):
+    conn.execute("UPDATE audit SET actor = 'unit' WHERE id = ?", (row_id,))
+    return conn.execute("UPDATE audit SET action = ? WHERE id = ?", (action, row_id)).rowcount
+
+
+def _write_then_sleep(conn):
+    conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'cancelled', 'never')")
+    conn.execute("SELECT pg_sleep(30)")
+
+
+async def test_units_run_on_the_event_loop_and_a_cancelled_one_costs_nothing_else(db):
+    """PostgreSQL: every unit — one statement (``fetchone``/``fetchall``/``execute``/
+    ``fetch_each``) or a store's function of several (``read``, ``write``, ``executemany``) —
+    is sent and read by the event loop itself: no hop to a worker thread (a hop cost more CPU
+    than a statement), while the loop goes on serving others. A unit waiting for a row that a
     transaction of this process holds leaves the loop ticking, and follows the holder's COMMIT.
-    Cancelled mid-statement, such a unit gives back its slot and its connection (closed, so no
-    unread result can reach the next user): every later unit is served."""
+    Cancelled mid-statement, a unit gives back its slot and its connection (closed: the server
+    rolls back what it wrote, and no unread result can reach the next user); every later unit
+    is served."""
     if db.dialect != "postgres":
         pytest.skip("SQLite's units all run in its one thread")
     row_id = await db.insert("INSERT INTO audit(at, actor, action) VALUES (0, 'holder', 'before')")
@@ -249,29 +266,43 @@ async def test_a_one_statement_unit_runs_on_the_event_loop_and_a_cancelled_one_c
     try:
         for _ in range(3):      # also once the statements are prepared
             assert (await db.fetchone("SELECT action FROM audit WHERE id = ?", (row_id,)))[0] == "before"
-            assert len(await db.fetchall("SELECT id FROM audit")) == 1
+            assert len(await db.fetchall("SELECT id FROM audit WHERE id <= ?", (row_id,))) == 1
             assert await db.execute("UPDATE audit SET actor = 'holder' WHERE id = ?", (row_id,)) == 1
             assert await db.fetch_each([("SELECT 1", ()), ("SELECT 2", ())]) == [[(1,)], [(2,)]]
-        assert hops == [], f"one-statement units hopped to a worker thread: {hops}"
+            assert await db.read(_two_reads, row_id) == ("before", 1)
+            assert await db.write(_two_writes, row_id, "before") == 1
+            await db.executemany("INSERT INTO audit(at, actor, action) VALUES (1, ?, 'many')", [("a",), ("b",)])
+        assert hops == [], f"units hopped to a worker thread: {hops}"
     finally:
         executor.submit = submit
+    assert (await db.fetchone("SELECT count(*) FROM audit WHERE action = 'many'"))[0] == 6
 
+    # the pool grows on demand: with fewer idle connections than units below, a unit would
+    # take the worker path (which blocks no loop) and this part would test nothing
+    for _ in range(50):
+        if db._pool.get_stats().get("pool_available", 0) >= 3:
+            break
+        await asyncio.gather(*(db.fetchone("SELECT pg_sleep(0.05)") for _ in range(4)))
+    assert db._pool.get_stats().get("pool_available", 0) >= 3
     retries = db.stats.retries
     loop = asyncio.get_running_loop()
     ticks: list[float] = []
     async with db.transaction() as tx:
         await tx.execute("UPDATE audit SET action = 'held' WHERE id = ?", (row_id,))
         waiter = asyncio.ensure_future(db.execute("UPDATE audit SET action = 'after' WHERE id = ?", (row_id,)))
+        # a unit of several statements, its second waiting for the same row
+        waiter2 = asyncio.ensure_future(db.write(_two_writes, row_id, "after2"))
         for _ in range(10):
             await asyncio.sleep(0.02)
             ticks.append(loop.time())
-        assert not waiter.done()
+        assert not waiter.done() and not waiter2.done()
     assert await asyncio.wait_for(waiter, 30) == 1
+    assert await asyncio.wait_for(waiter2, 30) == 1
     assert db.stats.retries == retries, "the wait ended by the lock timeout and a replay, not the COMMIT"
     assert max(b - a for a, b in zip(ticks, ticks[1:])) < 1.0
 
-    for _ in range(3):
-        slow = asyncio.ensure_future(db.fetchone("SELECT pg_sleep(30)"))
+    for unit in [lambda: db.fetchone("SELECT pg_sleep(30)"), lambda: db.write(_write_then_sleep)] * 2:
+        slow = asyncio.ensure_future(unit())
         await asyncio.sleep(0.2)
         slow.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -279,4 +310,6 @@ async def test_a_one_statement_unit_runs_on_the_event_loop_and_a_cancelled_one_c
     assert db._slots._value == db.pool_size, "a cancelled unit kept its connection slot"
     rows = await asyncio.wait_for(asyncio.gather(*(db.fetchone("SELECT ?::int", (i,)) for i in range(3 * db.pool_size))), 30)
     assert [r[0] for r in rows] == list(range(3 * db.pool_size))
-    assert (await db.fetchone("SELECT action FROM audit WHERE id = ?", (row_id,)))[0] == "after"
+    assert (await db.fetchone("SELECT action FROM audit WHERE id = ?", (row_id,)))[0] == "after2"
+    assert (await db.fetchone("SELECT count(*) FROM audit WHERE actor = 'cancelled'"))[0] == 0, \
+        "a cancelled unit's write was committed"

@@ -17,11 +17,19 @@ def _insert(conn, actor: str) -> None:
     conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, ?, 'write')", (actor,))
 
 
+HOLD_KEY = 0x686F6C64
+
+
 def _hold(conn, started, release) -> None:
-    """A unit that keeps the writer (SQLite) or the one connection (PostgreSQL) busy."""
+    """A unit that keeps the writer (SQLite) or the one connection (PostgreSQL) busy. On
+    PostgreSQL it waits at the database, for an advisory lock the test holds: a unit may run on
+    the event loop (storage/postgres.py ``_on_loop``), where a thread's wait would stop it."""
     conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'holder', 'write')")
     started.set()
-    release.wait(10)
+    if getattr(conn, "dialect", "sqlite") == "postgres":
+        conn.execute(f"SELECT pg_advisory_xact_lock({HOLD_KEY})")
+    else:
+        release.wait(10)
 
 
 @pytest.fixture
@@ -38,6 +46,11 @@ async def test_write_first_goes_ahead_of_the_writes_already_waiting(one_writer):
     import threading
     db = one_writer
     started, release = threading.Event(), threading.Event()
+    lock = None
+    if db.dialect == "postgres":
+        import psycopg
+        lock = psycopg.connect(db.url, autocommit=True)
+        lock.execute(f"SELECT pg_advisory_lock({HOLD_KEY})")
     holder = asyncio.ensure_future(db.write(_hold, started, release))
     await asyncio.to_thread(started.wait, 10)
     queued = []
@@ -47,6 +60,8 @@ async def test_write_first_goes_ahead_of_the_writes_already_waiting(one_writer):
     urgent = asyncio.ensure_future(db.write_first(_insert, "inbox"))
     await asyncio.sleep(0.01)
     release.set()
+    if lock is not None:
+        lock.close()
     await asyncio.gather(holder, urgent, *queued)
     order = [r["actor"] for r in await db.fetchall("SELECT actor FROM audit ORDER BY id")]
     assert order == ["holder", "inbox", "reply0", "reply1", "reply2", "reply3", "reply4"]
