@@ -263,6 +263,9 @@ class Cursor:
 # connection so that generated SQL cannot grow the server's memory without bound.
 PREPARE_AFTER = 2
 MAX_PREPARED = 256
+# ``executemany`` on the loop: rows per pipeline (one round trip each), so that a big copy
+# (``ethan db copy``) neither holds every statement in libpq's buffer at once nor the loop long.
+EXECUTEMANY_BATCH = 500
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.EMPTY_QUERY)
 _AUTO = PyFormat.AUTO
 
@@ -657,11 +660,11 @@ class Connection:
             begin, self.begin = self.begin, None
             self.simple(begin)
             self.round_trips += 1
-        if self.on_loop:            # psycopg's cursor would block the loop: our own pipeline
+        if self.on_loop:            # psycopg's cursor would block the loop: our own pipelines
             rows = [tuple(r) for r in rows]
-            if rows:
-                self.round_trips -= 1
-                self._pipeline([(sql, r) for r in rows])
+            self.round_trips -= 1
+            for i in range(0, len(rows), EXECUTEMANY_BATCH):
+                self._pipeline([(sql, r) for r in rows[i:i + EXECUTEMANY_BATCH]])
             return
         q, _ = translate(sql)
         if q.endswith(" RETURNING id") and _:

@@ -272,10 +272,15 @@ async def test_units_run_on_the_event_loop_and_a_cancelled_one_costs_nothing_els
             assert await db.read(_two_reads, row_id) == ("before", 1)
             assert await db.write(_two_writes, row_id, "before") == 1
             await db.executemany("INSERT INTO audit(at, actor, action) VALUES (1, ?, 'many')", [("a",), ("b",)])
+        from storage.postgres import EXECUTEMANY_BATCH
+        many = [(f"r{i}",) for i in range(2 * EXECUTEMANY_BATCH + 1)]     # three pipelines
+        await db.executemany("INSERT INTO audit(at, actor, action) VALUES (2, ?, 'batch')", many)
         assert hops == [], f"units hopped to a worker thread: {hops}"
     finally:
         executor.submit = submit
     assert (await db.fetchone("SELECT count(*) FROM audit WHERE action = 'many'"))[0] == 6
+    assert [r[0] for r in await db.fetchall("SELECT actor FROM audit WHERE action = 'batch' ORDER BY id")] == \
+        [a for (a,) in many]
 
     # the pool grows on demand: with fewer idle connections than units below, a unit would
     # take the worker path (which blocks no loop) and this part would test nothing
