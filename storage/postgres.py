@@ -443,40 +443,24 @@ class Connection:
             values, types, formats = None, (), None
         key = (query, types)
         prepared = wire.prepared.get(key)
-        on_loop = self.on_loop
+        exchange = self._exchange
         if prepared is not None:
-            if on_loop:
-                pgconn.send_query_prepared(prepared[0], values, formats, 0)
-                res = _result(pgconn, pgconn.socket, _switch_to_loop)
-            else:
-                res = pgconn.exec_prepared(prepared[0], values, formats, 0)
+            res = exchange(pgconn.send_query_prepared, pgconn.exec_prepared, prepared[0], values, formats, 0)
         else:
             seen = wire.seen[key] = wire.seen.get(key, 0) + 1
             if seen >= PREPARE_AFTER and len(wire.prepared) < MAX_PREPARED:
                 wire.names += 1
                 name = b"ethan_%d" % wire.names
-                if on_loop:
-                    pgconn.send_prepare(name, query, types or None)
-                    res = _result(pgconn, pgconn.socket, _switch_to_loop)
-                else:
-                    res = pgconn.prepare(name, query, types or None)
+                res = exchange(pgconn.send_prepare, pgconn.prepare, name, query, types or None)
                 if res is None or res.status != pq.ExecStatus.COMMAND_OK:
                     _raise_for(pgconn, res, wire.encoding)
                 prepared = wire.prepared[key] = (name, None)
                 del wire.seen[key]
-                if on_loop:
-                    pgconn.send_query_prepared(name, values, formats, 0)
-                    res = _result(pgconn, pgconn.socket, _switch_to_loop)
-                else:
-                    res = pgconn.exec_prepared(name, values, formats, 0)
+                res = exchange(pgconn.send_query_prepared, pgconn.exec_prepared, name, values, formats, 0)
             else:
                 if len(wire.seen) > 4 * MAX_PREPARED:
                     wire.seen.clear()
-                if on_loop:
-                    pgconn.send_query_params(query, values, types or None, formats, 0)
-                    res = _result(pgconn, pgconn.socket, _switch_to_loop)
-                else:
-                    res = pgconn.exec_params(query, values, types or None, formats, 0)
+                res = exchange(pgconn.send_query_params, pgconn.exec_params, query, values, types or None, formats, 0)
         if res is None:
             _raise_for(pgconn, res, wire.encoding)
         status = res.status
@@ -641,15 +625,21 @@ class Connection:
         res = self.simple(query)
         return _cursor(res, tx, returns_id)
 
+    def _exchange(self, send, exec_, *args):
+        """One request and its (last) result: libpq's blocking ``exec_`` form in a worker thread
+        (it lets the GIL go while it waits), or on the loop its ``send`` form (same arguments)
+        and the waits switched to the loop."""
+        if not self.on_loop:
+            return exec_(*args)
+        send(*args)
+        pgconn = self.raw.pgconn
+        return _result(pgconn, pgconn.socket, _switch_to_loop)
+
     def simple(self, command: bytes):
         """``command`` (no parameters: BEGIN, COMMIT, ROLLBACK, a client-side bound statement)
         as one simple-protocol message; its last result, raised if it failed."""
         pgconn = self.raw.pgconn
-        if self.on_loop:
-            pgconn.send_query(command)
-            res = _result(pgconn, pgconn.socket, _switch_to_loop)
-        else:
-            res = pgconn.exec_(command)
+        res = self._exchange(pgconn.send_query, pgconn.exec_, command)
         if res is None or res.status not in _OK:
             _raise_for(pgconn, res, self._wire.encoding)
         return res
