@@ -296,16 +296,6 @@ def _raise_for(pgconn: pq.abc.PGconn, res, encoding: str):
     raise err
 
 
-def _simple(raw: psycopg.Connection, command: bytes) -> None:
-    """A command without parameters or rows (BEGIN, COMMIT, ROLLBACK) straight through libpq
-    (which releases the GIL while it waits): psycopg's cursor machinery costs more CPU than the
-    round trip itself for these."""
-    pgconn = raw.pgconn
-    res = pgconn.exec_(command)
-    if res.status not in _OK:
-        _raise_for(pgconn, res, raw.info.encoding)
-
-
 def _sent(pgconn):
     """Everything queued on a nonblocking connection (psycopg's) sent, as steps: while the
     socket is full, wait for it readable or writable, reading input meanwhile, so the server is
@@ -374,6 +364,22 @@ def _switch_to_loop(sock: int, step: str) -> None:
 def _wake(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+async def _ready(sock: int, step: str) -> None:
+    """Wait on the loop for what ``step`` waits for: the socket readable, or (``_WRITE``)
+    readable or writable."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.add_reader(sock, _wake, fut)
+    if step is _WRITE:
+        loop.add_writer(sock, _wake, fut)
+    try:
+        await fut
+    finally:
+        loop.remove_reader(sock)
+        if step is _WRITE:
+            loop.remove_writer(sock)
 
 
 def _pipelined(conn: "Connection", statements: Sequence[tuple[str, Sequence[Any]]]) -> list["Cursor"]:
@@ -637,7 +643,8 @@ class Connection:
 
     def simple(self, command: bytes):
         """``command`` (no parameters: BEGIN, COMMIT, ROLLBACK, a client-side bound statement)
-        as one simple-protocol message; its last result, raised if it failed."""
+        as one simple-protocol message straight through libpq (psycopg's cursor machinery costs
+        more CPU than the round trip itself for these); its last result, raised if it failed."""
         pgconn = self.raw.pgconn
         res = self._exchange(pgconn.send_query, pgconn.exec_, command)
         if res is None or res.status not in _OK:
@@ -645,17 +652,16 @@ class Connection:
         return res
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        self.round_trips += 1       # psycopg pipelines executemany: about one round trip
         if self.begin is not None:
             begin, self.begin = self.begin, None
             self.simple(begin)
             self.round_trips += 1
         if self.on_loop:            # psycopg's cursor would block the loop: our own pipelines
             rows = [tuple(r) for r in rows]
-            self.round_trips -= 1
-            for i in range(0, len(rows), EXECUTEMANY_BATCH):
+            for i in range(0, len(rows), EXECUTEMANY_BATCH):   # each counts its round trip
                 self._pipeline([(sql, r) for r in rows[i:i + EXECUTEMANY_BATCH]])
             return
+        self.round_trips += 1       # psycopg pipelines executemany: about one round trip
         q, _ = translate(sql)
         if q.endswith(" RETURNING id") and _:
             q = q[: -len(" RETURNING id")]
@@ -990,7 +996,6 @@ class PgDatabase:
         and replayed, as in ``_unit``. Cancelled mid-way, the connection is closed first (the
         server rolls back; no unread result can reach the next user), then the greenlet is
         unwound."""
-        loop = asyncio.get_running_loop()
         raw._ethan_stats = self.stats   # type: ignore[attr-defined]
         attempt = 0
         while True:
@@ -999,18 +1004,8 @@ class PgDatabase:
             try:
                 wait = unit.switch()
                 while not unit.dead:
-                    sock, step = wait
-                    fut = loop.create_future()
-                    loop.add_reader(sock, _wake, fut)
-                    if step is _WRITE:
-                        loop.add_writer(sock, _wake, fut)
                     try:
-                        try:
-                            await fut
-                        finally:
-                            loop.remove_reader(sock)
-                            if step is _WRITE:
-                                loop.remove_writer(sock)
+                        await _ready(*wait)
                     except BaseException:
                         raw.close()
                         unit.throw(greenlet.GreenletExit)
@@ -1206,7 +1201,7 @@ class PgDatabase:
         t0 = time.perf_counter()
         try:
             try:
-                await self._hop(lambda: _simple(raw, _BEGIN_WRITE.rstrip(b"; ")))
+                await self._hop(lambda: conn.simple(_BEGIN_WRITE.rstrip(b"; ")))
                 task = asyncio.current_task()
                 self._tx[task] = conn
                 try:
@@ -1215,12 +1210,12 @@ class PgDatabase:
                     self._tx.pop(task, None)
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await self._hop(lambda: _simple(raw, b"ROLLBACK"))
+                    await self._hop(lambda: conn.simple(b"ROLLBACK"))
                 await self._hop(lambda: cm.__exit__(None, None, None))
                 raise
             else:
                 try:
-                    await self._hop(lambda: _simple(raw, b"COMMIT"))
+                    await self._hop(lambda: conn.simple(b"COMMIT"))
                 finally:
                     await self._hop(lambda: cm.__exit__(None, None, None))
         except psycopg.Error as e:
