@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 GIVE_UP = (Category.PERMISSION, Category.BAD_REQUEST)   # Lark will not take this answer later either
 WORKING_AFTER_S = 1.0          # the "typing" reaction appears only when an answer takes longer
+# A cancel (the shutdown deadline) that lands while the answer is being handed to Lark lets
+# that hand-over end for up to this long: the request may already have reached Lark, and only
+# its answer says so — without it the inbox stays pending and the restart asks the model again.
+DELIVERY_GRACE_S = 1.0
 SEQUENCE_EPOCH = 1767225600.0   # 2026-01-01T00:00:00Z: CardKit sequences count deciseconds from here
 
 
@@ -80,9 +84,11 @@ class LarkReply(ReplyBase):
         cards: "CardLedger | None" = None,
         resumed: bool = False,
         locale: str = "zh_cn",
+        delivery_grace_s: float = DELIVERY_GRACE_S,
         log=None,
     ) -> None:
         self._sender = sender
+        self._delivery_grace_s = delivery_grace_s
         self.tool_confirmations = None   # bot.tools.confirm.ToolConfirmations (set by the app)
         self.asker = ""                  # the open_id whose click may confirm a tool call
         self.record_sent = None      # Outbox.text_sent when replies may be recalled (ETHAN_RECALL_REPLIES)
@@ -258,15 +264,18 @@ class LarkReply(ReplyBase):
             return
         self._finished = True
         self._closing.set()
+        async def deliver() -> None:
+            mid = await self._sender.reply(self.message_id, "interactive", build(),
+                                           uuid=derive_uuid(self.uuid_base, kind),
+                                           chat_id=self.chat_id, in_thread=self.in_thread)
+            self.message_ids.append(mid)
+            self.delivered_as = "card"
+            if sent is not None:
+                await sent(mid)
+
         try:
             try:
-                mid = await self._sender.reply(self.message_id, "interactive", build(),
-                                               uuid=derive_uuid(self.uuid_base, kind),
-                                               chat_id=self.chat_id, in_thread=self.in_thread)
-                if sent is not None:
-                    await sent(mid)
-                self.message_ids.append(mid)
-                self.delivered_as = "card"
+                await self._let_end(deliver())
                 return
             except LarkApiError as e:
                 if e.category in GIVE_UP and e.category is not Category.BAD_REQUEST:
@@ -287,18 +296,36 @@ class LarkReply(ReplyBase):
         self._closing.set()
         self._wake.set()
         try:
-            if self._worker is not None:
-                await self._worker
-            elif self._resumed and self._cards is not None and text:
-                await self._adopt_for_finish(text)
-            if self.card_message_id and not self.card_failed:
-                if await self._finish_card(text):
-                    self.delivered_as = "card"
-                    return
-            await self._send_text(text)
-            self.delivered_as = "text-fallback" if self._worker is not None else "text"
+            await self._let_end(self._deliver(text))
         finally:
             await self._clear_reaction()
+
+    async def _deliver(self, text: str) -> None:
+        if self._worker is not None:
+            await self._worker
+        elif self._resumed and self._cards is not None and text:
+            await self._adopt_for_finish(text)
+        if self.card_message_id and not self.card_failed:
+            if await self._finish_card(text):
+                self.delivered_as = "card"
+                return
+        await self._send_text(text)
+        self.delivered_as = "text-fallback" if self._worker is not None else "text"
+
+    async def _let_end(self, delivery) -> None:
+        """Run ``delivery`` so that a cancel lets it end for up to ``DELIVERY_GRACE_S`` before
+        the cancel goes on: ``delivered_as`` then says whether the answer reached Lark."""
+        task = asyncio.ensure_future(delivery)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait({task}, timeout=self._delivery_grace_s)
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)   # its error, if any, is not ours now
+            self._log.info("lark.reply.cancelled", delivered=self.delivered_as)
+            raise
 
     # ---- working reaction ----------------------------------------------------------------
     async def _add_reaction_later(self) -> str | None:

@@ -247,6 +247,25 @@ async def test_reply_delivered_before_the_deadline_is_not_asked_again(tmp_path, 
     assert [r["status"] for r in rows] == ["done"]
 
 
+async def test_reply_in_flight_at_the_deadline_is_let_end(tmp_path, lark):
+    """The deadline's cancel lands while the answer's POST is in flight: Lark has it (it
+    answers a moment later), so the inbox must say done — else the restart asks the model
+    again. The load tests above hit this when an answer was due right at the deadline."""
+    async with Harness(tmp_path, lark=lark, ethan_shutdown_deadline=1) as h:
+        h.model.responder = lambda req: Text("hello to you")
+        lark.stall_next("/reply", 1.6, method="POST")
+        ev = make_text_event("hello there", chat_id="oc_p2p_alice", sender="ou_alice")
+        assert (await h.post(ev))[0] == 200
+        await wait_until(lambda: lark.calls_to("/reply", "POST"), 5, "the answer's POST sent")
+        t0 = time.monotonic()
+        await h.stop_app()
+        seconds = time.monotonic() - t0
+        await wait_until(lambda: deliveries_by_trigger(lark), 5, "Lark took the answer")
+    rows = sqlite_rows(tmp_path / "ethan.db", "SELECT status FROM inbox WHERE message_id = ?", (_mid(ev),))
+    assert [r["status"] for r in rows] == ["done"]
+    assert seconds < 1 + 1 + 2.5, f"stop took {seconds:.1f}s: the grace is bounded"
+
+
 async def test_stop_with_nothing_to_do_is_quick(tmp_path):
     """The deadline is an upper bound, not a wait: an idle bot stops at once."""
     async with Harness(tmp_path, ethan_shutdown_deadline=20) as h:
