@@ -140,7 +140,7 @@ def run(quick: bool = False) -> list[str]:
     bindir = find_bindir()
     if bindir is None:
         return [INSTALL_HINT]
-    convs, per_conv, conc = (20, 2, 16) if quick else (150, 2, 48)
+    convs, per_conv, conc = (20, 2, 16) if quick else (500, 2, 48)
     rounds = 1 if quick else 3
     configs = QUICK_CONFIGS if quick else CONFIGS
     cluster = Cluster(bindir).start()

@@ -282,10 +282,11 @@ def _give_up(conn: Any, job_id: int, owner: str, due_at: float, now: float, reas
 def _finish(conn: Any, job_id: int, owner: str, due_at: float, status: str, nxt: float | None, now: float,
             mid: str, detail: str) -> bool:
     held = conn.execute(
-        "UPDATE schedules SET next_due = ?, state = CASE WHEN ? IS NULL THEN 'done' ELSE state END,"
+        # The flag as a typed parameter, not `? IS NULL`: a prepared statement cannot type a NULL.
+        "UPDATE schedules SET next_due = ?, state = CASE WHEN ? = 1 THEN 'done' ELSE state END,"
         " claim_owner = NULL, lease_until = 0, updated_at = ?"
         " WHERE id = ? AND claim_owner = ? AND next_due = ? AND state = 'active'",
-        (nxt, nxt, now, job_id, owner, due_at)).rowcount > 0
+        (nxt, int(nxt is None), now, job_id, owner, due_at)).rowcount > 0
     if not held:
         # Cancelled while it was being sent: the message went out, so it is recorded anyway.
         held = conn.execute("UPDATE schedules SET claim_owner = NULL, lease_until = 0, updated_at = ?"

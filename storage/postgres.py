@@ -33,7 +33,7 @@ concurrently, each in one REPEATABLE READ snapshot (SQLite's read transaction).
 
 The wire (what bench/README.md §11 measured): statements go to libpq directly, adapted by
 psycopg's own Transformer, prepared per connection from their second use; a unit's BEGIN
-travels in one message with its first statement, so a unit of n statements is n + 1 round
+travels in one pipeline with its first statement, so a unit of n statements is n + 1 round
 trips (its COMMIT the last) and a one-statement write or read is one.
 """
 
@@ -69,10 +69,10 @@ DEFAULT_POOL = 16
 # gets its 503 in time and redelivers, instead of no answer at all.
 CHECKOUT_TIMEOUT = 2.5
 # Connections are in autocommit mode and transactions are begun by hand, so that BEGIN goes in
-# the message of the unit's first statement (psycopg's implicit BEGIN would be a round trip of
-# its own), and a one-statement read or write is one round trip (its own implicit transaction).
-_BEGIN_WRITE = b"BEGIN; "
-_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+# one pipeline with the unit's first statement (psycopg's implicit BEGIN would be a round trip
+# of its own), and a one-statement read or write is one round trip (its own implicit transaction).
+_BEGIN_WRITE = b"BEGIN"
+_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # A per-key lock held to the end of the unit's transaction. hashtextextended: 64 bits of the
 # key's text, so unrelated keys practically never share a lock (and if two did, they would only
 # wait for each other, never be wrong).
@@ -217,13 +217,6 @@ def translate(sql: str) -> tuple[str, bool]:
     inserted id)."""
     sql, returns_id = _rewrite(sql)
     return _placeholders(sql), returns_id
-
-
-@functools.lru_cache(maxsize=2048)
-def _client_template(sql: str) -> tuple[bytes, bool]:
-    """The same translation as a bytes ``%`` template for client-side binding (``_bound``)."""
-    q, returns_id = translate(sql)
-    return q.encode(), returns_id
 
 
 @functools.lru_cache(maxsize=2048)
@@ -388,7 +381,7 @@ def _pipelined(conn: "Connection", statements: Sequence[tuple[str, Sequence[Any]
 
 
 def _cursor(res, tx: Transformer, returns_id: bool) -> Cursor:
-    """A successful result read as a Cursor (``_bound``'s and a pipeline's; ``execute`` keeps
+    """A successful result read as a Cursor (a pipeline's; ``execute`` keeps
     its prepared statements' column index instead of building one)."""
     if res.status == pq.ExecStatus.TUPLES_OK:
         n = res.ntuples
@@ -419,8 +412,10 @@ class Connection:
         # In a greenlet of the event loop's (``PgDatabase._on_loop``): every wait for the server
         # is a switch to the loop, never a blocking call (the loop must not block).
         self.on_loop = on_loop
-        # The unit's BEGIN (and write lock), sent with its first statement (see ``_bound``)
+        # The unit's BEGIN and the keys of its advisory locks (``serialize``), sent in one
+        # pipeline with its first statement (``_begun``)
         self.begin = begin
+        self._locks: list[str] = []
         # A unit's own transaction (``_once``), which ``execute_last`` may end; not the
         # connection of an awaited ``transaction()`` or of a one-statement unit.
         self.owns_tx = begin is not None
@@ -434,10 +429,9 @@ class Connection:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if self.ended:
             raise AssertionError("a statement after the unit's execute_last: it would run outside the unit")
-        self.round_trips += 1
         if self.begin is not None:
-            begin, self.begin = self.begin, None
-            return self._bound(begin, sql, params)
+            return self._begun(sql, params)
+        self.round_trips += 1
         query, returns_id = _native(sql)
         wire = self._wire
         tx = wire.tx
@@ -501,11 +495,10 @@ class Connection:
         if not self.owns_tx or self.ended:
             return self.execute(sql, params)
         if self.begin is not None:
-            lock = self.begin.split(b"; ", 1)[1]        # what serialize() added after BEGIN
-            self.begin = None
-            if lock:
-                self.round_trips += 1
-                cursor = self._bound(lock, sql, params)
+            # No BEGIN: up to the pipeline's sync its statements are one implicit transaction.
+            self.begin, locks, self._locks = None, self._locks, []
+            if locks:
+                cursor = self._pipeline([*((_SERIALIZE, (k,)) for k in locks), (sql, params)])[-1]
             else:
                 cursor = self.execute(sql, params)
             self.ended = True
@@ -522,13 +515,16 @@ class Connection:
         assert self.begin is None, "pipelined() needs a unit without BEGIN"
         return [c.fetchall() for c in self._pipeline(statements)]
 
-    def _pipeline(self, statements: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False) -> list[Cursor]:
+    def _pipeline(self, statements: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False,
+                  begin: bytes | None = None) -> list[Cursor]:
         """The statements sent at once, one sync, then every result read: one round trip.
-        ``commit``: a COMMIT after them, in the same pipeline (``execute_last``)."""
-        return _drive(self._pipeline_steps(statements, commit), self.raw.pgconn.socket,
+        ``commit``: a COMMIT after them, in the same pipeline (``execute_last``); ``begin``: the
+        unit's BEGIN before them (``_begun``)."""
+        return _drive(self._pipeline_steps(statements, commit, begin), self.raw.pgconn.socket,
                       _switch_to_loop if self.on_loop else _poll)
 
-    def _pipeline_steps(self, statements: Sequence[tuple[str, Sequence[Any]]], commit: bool):
+    def _pipeline_steps(self, statements: Sequence[tuple[str, Sequence[Any]]], commit: bool,
+                        begin: bytes | None = None):
         """``_pipeline`` as steps that yield what they wait for (``_drive``)."""
         if self.ended:
             raise AssertionError("a statement after the unit's execute_last: it would run outside the unit")
@@ -546,6 +542,8 @@ class Connection:
         sent: list[tuple[tuple, tuple | None, bool, bool]] = []   # (key, prepared entry, preparing now, returns id)
         pgconn.enter_pipeline_mode()
         try:
+            if begin is not None:
+                pgconn.send_query_params(begin, None, None, None, 0)
             for query, values, types, formats, returns_id in bound:
                 key = (query, types)
                 prepared = wire.prepared.get(key)
@@ -569,6 +567,11 @@ class Connection:
             yield from _sent(pgconn)
             out: list[Cursor] = []
             failed = None
+            if begin is not None:
+                res = yield from _next_result(pgconn)
+                yield from _next_result(pgconn)
+                if res is None or res.status not in _OK:
+                    failed = res
             for key, prepared, preparing, returns_id in sent:
                 if preparing:
                     res = yield from _next_result(pgconn)
@@ -610,7 +613,7 @@ class Connection:
         part of that statement's; taken later, it is a statement of its own, timed into the
         database's lock-wait counter."""
         if self.begin is not None:
-            self.begin += b"SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)); " % self._wire.tx.as_literal(key)
+            self._locks.append(key)
             return
         t0 = time.perf_counter()
         self.execute(_SERIALIZE, (key,))
@@ -618,18 +621,14 @@ class Connection:
         if stats is not None:
             stats.add_lock_wait(time.perf_counter() - t0)
 
-    def _bound(self, prefix: bytes, sql: str, params: Sequence[Any]) -> Cursor:
-        """``prefix; sql`` as one simple-protocol message (one round trip), the parameters bound
-        client-side as psycopg's ClientCursor binds them (``Transformer.as_literal``). A unit's
-        BEGIN and write lock go this way with its first statement: one round trip fewer per unit,
-        and one reply fewer waited for while the write lock is held. The price is that this one
-        statement is parsed and planned each time instead of prepared."""
-        template, returns_id = _client_template(sql)
-        tx = self._wire.tx
-        query = prefix + (template % tuple(b"NULL" if p is None else tx.as_literal(p) for p in params)
-                          if params else template.replace(b"%%", b"%"))
-        res = self.simple(query)
-        return _cursor(res, tx, returns_id)
+    def _begun(self, sql: str, params: Sequence[Any]) -> Cursor:
+        """The unit's first statement: its BEGIN, its advisory locks (``serialize``) and it, in
+        one pipeline — one round trip, and every one of them prepared (a simple-protocol message
+        of the three, its values bound client-side, was parsed and planned each time: 0.55 ms
+        of PostgreSQL's CPU per message, the most planning of any statement; bench/README §16).
+        A lock's wait is part of this round trip's."""
+        begin, self.begin, locks, self._locks = self.begin, None, self._locks, []
+        return self._pipeline([*((_SERIALIZE, (k,)) for k in locks), (sql, params)], begin=begin)[-1]
 
     def _exchange(self, send, exec_, *args):
         """One request and its (last) result: libpq's blocking ``exec_`` form in a worker thread
@@ -653,9 +652,11 @@ class Connection:
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if self.begin is not None:
-            begin, self.begin = self.begin, None
-            self.simple(begin)
+            begin, self.begin, locks, self._locks = self.begin, None, self._locks, []
             self.round_trips += 1
+            self.simple(begin)
+            for k in locks:
+                self.execute(_SERIALIZE, (k,))
         if self.on_loop:            # psycopg's cursor would block the loop: our own pipelines
             rows = [tuple(r) for r in rows]
             for i in range(0, len(rows), EXECUTEMANY_BATCH):   # each counts its round trip
@@ -1201,7 +1202,7 @@ class PgDatabase:
         t0 = time.perf_counter()
         try:
             try:
-                await self._hop(lambda: conn.simple(_BEGIN_WRITE.rstrip(b"; ")))
+                await self._hop(lambda: conn.simple(_BEGIN_WRITE))
                 task = asyncio.current_task()
                 self._tx[task] = conn
                 try:
