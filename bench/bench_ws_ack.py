@@ -114,7 +114,7 @@ def _long_connection(home: Path, fakes: Fakes, n: int, *, own_thread: bool = Fal
     gen = _WsLoadgen()
     fakes.lark.ws = _Endpoint(gen.port)
     server = Server(home, fakes, lark_transport="ws", ethan_shutdown_deadline="0.5",
-                    ethan_ws_own_thread="true" if own_thread else "false")   # the default: true
+                    ethan_ws_own_thread="true" if own_thread else "false")   # the default: false
     try:
         server.start()                    # /healthz 200 = connected
         before = fakes.lark.delivered
@@ -171,8 +171,8 @@ def run(quick: bool = False) -> list[str]:
                 ms(percentile(r["biz"], 99)) if r.get("biz") else "—")
 
     base = percentile(webhook["lat"], 99)
-    rows = [row("**long connection** on the app loop (`ETHAN_WS_OWN_THREAD=false`): push → response frame (code 200)", ws, base),
-            row("**long connection** on its own thread (the default): push → response frame (code 200)", ws_thread, base),
+    rows = [row("**long connection** on the app loop (the default, `ETHAN_WS_OWN_THREAD=false`): push → response frame (code 200)", ws, base),
+            row("**long connection** on its own thread (`ETHAN_WS_OWN_THREAD=true`): push → response frame (code 200)", ws_thread, base),
             row("webhook: request → HTTP 200", webhook, base)]
     fl = floor["lat"]
     floor_line = (f"The machine's floor in the same run: a bare asyncio process (no Ethan, no socket) waking "

@@ -586,6 +586,7 @@ def _in_thread(item) -> bool:
 
 
 FORCE_EXIT_GRACE_S = 8.0     # default deadline 20 s + 8 < systemd's TimeoutStopSec=30
+FULL_COLLECTION_EVERY = 100  # middle-generation collections per full one (CPython: 10)
 EXIT_FORCED = 1
 
 
@@ -634,6 +635,12 @@ async def serve(settings: Settings) -> None:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(compat.session_class)
     gc.freeze()
+    # A full collection walks every object made since (the conversations' queued events, open
+    # requests: 20–40 ms under load, one every ~10 s at 200 events/s — the top of the
+    # acknowledgement tail). Young collections still free most cycles; what reaches the old
+    # generation waits 10× longer for its full collection (bench/README.md §1b).
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
     s = settings
     if not s.lark_enabled:
         log.info("app.console_only", url=app.base_url + "/",

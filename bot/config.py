@@ -58,10 +58,11 @@ class Settings(BaseSettings):
     # The long connection never gives up (bot/lark/ws.py): once Lark's ReconnectCount is used
     # up, or the credentials are refused, it tries again forever, the pause doubling up to this.
     ethan_ws_retry_max_s: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
-    # The long connection on a thread and event loop of its own (the default, the tested layout)
-    # or, false, on the application's loop: no thread crossing per event (bench/bench_ws_ack.py
-    # compares both; the results on a loaded machine were not conclusive — bench/README.md §1b).
-    ethan_ws_own_thread: bool = True
+    # The long connection on the application's loop (the default: no thread crossing per event,
+    # each of which waited for the interpreter lock) or, true, on a thread and event loop of its
+    # own. bench/bench_ws_ack.py measures both in one run: the app loop's ack p99 was the lower in
+    # 10 of the 13 runs recorded in bench/README.md §1b.
+    ethan_ws_own_thread: bool = False
     # A destructive command's confirm card acts this long after it was sent; a later click
     # gets "this card has expired" and runs nothing (bot/lark/card_clicks.py).
     ethan_confirm_card_minutes: float = Field(default=10.0, gt=0, le=24 * 60, allow_inf_nan=False)

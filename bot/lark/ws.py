@@ -11,10 +11,10 @@ credentials are refused — a bot that silently stops answering until someone re
 
 So we keep the SDK's wire protocol (through bot/lark/compat.py, the one module that touches
 its privates) and own the lifecycle, never touching the SDK's module ``loop``. By default the
-connection runs on a "lark-ws" thread and loop of its own; ``ETHAN_WS_OWN_THREAD=false`` makes
-it a task on the application's loop, where an event is stored and answered with no thread to
-cross (on its own thread every event crosses twice, each crossing waiting for the interpreter
-lock; bench/bench_ws_ack.py measures both layouts in one run). The SDK is imported and endpoint
+connection is a task on the application's loop, where an event is stored and answered with no
+thread to cross; ``ETHAN_WS_OWN_THREAD=true`` runs it on a "lark-ws" thread and loop of its own,
+where every event crosses twice, each crossing waiting for the interpreter lock — a longer
+acknowledgement tail and more CPU per event (bench/bench_ws_ack.py measures both in one run). The SDK is imported and endpoint
 discovery runs on short-lived threads, so neither blocks the loop; the endpoint is asked again
 before every attempt.
 
@@ -112,7 +112,7 @@ class LongConnection:
     (and comes back, forever) on its own thread; ``stop()`` closes it and joins the thread."""
 
     def __init__(self, *, app_id: str, app_secret: str, domain: str, intake: Any,
-                 name: str = "lark-ws", retry_max_s: float = RETRY_MAX_S, own_thread: bool = True) -> None:
+                 name: str = "lark-ws", retry_max_s: float = RETRY_MAX_S, own_thread: bool = False) -> None:
         self.app_id, self.app_secret, self.domain = app_id, app_secret, domain
         self.intake = intake       # anything with ``async accept(raw, body)``
         self.name = name
@@ -172,9 +172,9 @@ class LongConnection:
 
     # -- start / stop (application loop side) ------------------------------------------
     def start(self, app_loop: asyncio.AbstractEventLoop) -> None:
-        """Called on the running application loop. ``own_thread`` (the default) runs the
-        connection on a "lark-ws" thread and loop of its own; otherwise it runs on this loop too
-        (no thread crossing per event; ``ETHAN_WS_OWN_THREAD=false``)."""
+        """Called on the running application loop. The connection runs on this loop too (the
+        default: no thread crossing per event) or, ``own_thread`` (``ETHAN_WS_OWN_THREAD=true``),
+        on a "lark-ws" thread and loop of its own."""
         self._app_loop = app_loop
         self._stop = asyncio.Event()
         self._done = threading.Event()

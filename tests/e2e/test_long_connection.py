@@ -36,6 +36,9 @@ from tests.reliability.support import (ServerProcess, deliveries_by_trigger, fre
                                        wait_until)
 
 DEADLINE = 8.0
+# The long connection on the application's loop (the default) and on a thread of its own
+# (ETHAN_WS_OWN_THREAD=true): the central tests run on both.
+LAYOUTS = ["false", "true"]
 
 
 @pytest.fixture
@@ -112,9 +115,10 @@ def no_tracebacks(srv: ServerProcess) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-async def test_p2p_text_is_stored_then_acknowledged_fast_and_answered_later(server, ws, lark, model):
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_p2p_text_is_stored_then_acknowledged_fast_and_answered_later(layout, server, ws, lark, model):
     model.responder = lambda req: Delay(10, Text(f"slow echo: {last_user_text(req)}"))
-    srv = server()
+    srv = server(ethan_ws_own_thread=layout)
     await srv.start_ready()
     ev = make_text_event("hello over the long connection", chat_id="oc_p2p_alice")
     mid = await asyncio.to_thread(ws.push, ev)
@@ -135,8 +139,9 @@ async def test_p2p_text_is_stored_then_acknowledged_fast_and_answered_later(serv
     no_tracebacks(srv)
 
 
-async def test_duplicate_push_and_fragmented_event_are_answered_once(server, ws, lark):
-    srv = server()
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_duplicate_push_and_fragmented_event_are_answered_once(layout, server, ws, lark):
+    srv = server(ethan_ws_own_thread=layout)
     await srv.start_ready()
     ev = make_text_event("twice", chat_id="oc_p2p_alice")
     first = await asyncio.to_thread(ws.push, ev)
@@ -160,9 +165,10 @@ async def test_duplicate_push_and_fragmented_event_are_answered_once(server, ws,
     no_tracebacks(srv)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", ["close", "reset"])
-async def test_reconnects_after_the_server_drops_the_connection(server, ws, lark, mode):
-    srv = server()
+async def test_reconnects_after_the_server_drops_the_connection(layout, server, ws, lark, mode):
+    srv = server(ethan_ws_own_thread=layout)
     await srv.start_ready()
     assert await asyncio.to_thread(ws.drop, mode=mode) == 1
     await asyncio.to_thread(ws.wait_connections_total, 2)
@@ -322,9 +328,10 @@ async def test_unreachable_domain_is_said_clearly(server):
     assert code == 0 and elapsed < DEADLINE
 
 
-async def test_sigterm_closes_the_connection_and_exits_within_the_deadline(server, ws, lark, model):
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_sigterm_closes_the_connection_and_exits_within_the_deadline(layout, server, ws, lark, model):
     model.responder = lambda req: Delay(1.5, Text(f"echo: {last_user_text(req)}"))
-    srv = server()
+    srv = server(ethan_ws_own_thread=layout)
     await srv.start_ready()
     ev = make_text_event("in flight at the stop", chat_id="oc_p2p_alice")
     mid = await asyncio.to_thread(ws.push, ev)
@@ -377,7 +384,7 @@ async def test_two_connections_in_one_process_each_deliver(tmp_path, lark, ws, m
     monkeypatch.setattr(sdk, "loop", asyncio.get_running_loop())
     async with Harness(tmp_path, lark=lark, model=model, lark_transport="ws") as h:
         second = LongConnection(app_id="cli_test", app_secret="test-secret", domain=lark.base_url,
-                                intake=h.app.intake, name="lark-ws-2")
+                                intake=h.app.intake, name="lark-ws-2", own_thread=True)
         second.start(asyncio.get_running_loop())
         try:
             conns = await asyncio.to_thread(ws.wait_connected, 2)
@@ -390,6 +397,8 @@ async def test_two_connections_in_one_process_each_deliver(tmp_path, lark, ws, m
         finally:
             await asyncio.to_thread(second.stop)
         assert second.state == "stopped" and h.app.long_connection.is_connected
+        # One connection on the app loop (the default), the other on a thread of its own.
+        assert h.app.long_connection.thread is None and second.thread is not None
 
 
 async def test_card_click_over_the_long_connection_is_handled(tmp_path, lark, ws, model):
