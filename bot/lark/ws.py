@@ -14,9 +14,9 @@ its privates) and own the lifecycle, never touching the SDK's module ``loop``. B
 connection is a task on the application's loop, where an event is stored and answered with no
 thread to cross; ``ETHAN_WS_OWN_THREAD=true`` runs it on a "lark-ws" thread and loop of its own,
 where every event crosses twice, each crossing waiting for the interpreter lock — a longer
-acknowledgement tail and more CPU per event (bench/bench_ws_ack.py measures both in one run). The SDK is imported and endpoint
-discovery runs on short-lived threads, so neither blocks the loop; the endpoint is asked again
-before every attempt.
+acknowledgement tail and more CPU per event (bench/bench_ws_ack.py measures both in one run).
+The SDK is imported and endpoint discovery runs on short-lived threads, so neither blocks the
+loop; the endpoint is asked again before every attempt.
 
 The supervisor is a small state machine (``TRANSITIONS``; one log line per state change, not
 per attempt): ``connecting`` → ``connected``; a lost connection → ``disconnected``, retried on
@@ -109,7 +109,8 @@ def backoff_delays(first: float, cap: float, rng=random.random):
 
 class LongConnection:
     """One long connection to Lark. ``start()`` returns at once; the connection comes up
-    (and comes back, forever) on its own thread; ``stop()`` closes it and joins the thread."""
+    (and comes back, forever) as a task on the application's loop, or on a thread of its own
+    with ``own_thread``; ``stop()`` closes it (and joins that thread)."""
 
     def __init__(self, *, app_id: str, app_secret: str, domain: str, intake: Any,
                  name: str = "lark-ws", retry_max_s: float = RETRY_MAX_S, own_thread: bool = False) -> None:
