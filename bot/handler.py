@@ -364,7 +364,7 @@ class MessageHandler:
                 turn = UserTurn(scope=inbound.scope(is_admin=inbound.admin(d.is_admin)),
                             text=text, sender_name=name,
                             message_id=inbound.message_id, truncated=inbound.truncated,
-                            images=images, material="\n\n".join(material))
+                            images=images, material="\n\n".join(material), in_org=inbound.sender_in_org)
                 await d.agent.respond(turn, reply)
 
     async def language(self, inbound: Inbound) -> str:

@@ -86,6 +86,10 @@ class Inbound:
     event_id: str = ""        # the transport's delivery id (Lark's event_id), for logs
     sender_type: str = "user"
     sender_name: str = ""
+    # The sender belongs to the organisation the bot serves (Lark: the sender's tenant is the
+    # event's). False where the transport cannot say, and for an external member of a shared
+    # group: what the organisation shares (a document's organisation-wide link) is not theirs.
+    sender_in_org: bool = False
     message_type: str = "text"   # the transport's type; anything but text/post has no text yet
     truncated: bool = False      # text was cut at the adapter's limit for the model
     attachments: tuple[Attachment, ...] = ()

@@ -54,6 +54,7 @@ class UserTurn:
     # already fenced as data: in front of the user's words, never stored in history — so
     # consolidation never reads other people's words as the user's.
     material: str = ""
+    in_org: bool = False              # the sender is of the bot's organisation (Inbound.sender_in_org)
 
 
 @dataclass
@@ -198,7 +199,7 @@ class Agent:
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text, session_id=session.id,
                           confirm=reply.confirm_tool if Capability.CONFIRM_TOOL in offers else None,
-                          material=turn.material or "")
+                          material=turn.material or "", in_org=turn.in_org)
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)
         self.calls += 1

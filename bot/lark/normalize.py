@@ -68,6 +68,7 @@ def message_inbound(header: Any, ev: Any, *, bot_open_id: str) -> Inbound:
         parent_id=msg.parent_id or "",
         sender_id=ev.sender.sender_id.open_id,
         sender_type=ev.sender.sender_type,
+        sender_in_org=bool(ev.sender.tenant_key) and ev.sender.tenant_key == header.tenant_key,
         message_type=msg.message_type,
         text=text,
         truncated=truncated,

@@ -41,6 +41,9 @@ class ToolContext:
     # take the user's facts from (``own_words``).
     material: str = ""
     seen: list[str] = field(default_factory=list)
+    # The asker belongs to the bot's organisation (the transport says so; False when it cannot):
+    # what the organisation shares is theirs to read, not an external member's (lark_docs.py).
+    in_org: bool = False
 
 
 def own_words(ctx: ToolContext, tool: str, content: str) -> None:

@@ -3,9 +3,11 @@
 The server speaks the Open API's wire shapes (``{"code": 0, "msg": "success", "data": {...}}``)
 for the endpoints Ethan uses: tenant/app access tokens, bot info, IM messages (create, reply,
 edit, recall, get, reactions), CardKit card entities (create, streaming element content,
-settings, full update), chat info and contact users. It runs an aiohttp app on 127.0.0.1 with
-an ephemeral port, on **its own thread and event loop**: lark-oapi fetches tokens with blocking
-``requests`` calls, so a fake served from the test's own loop would deadlock.
+settings, full update), chat info and contact users, and Feishu documents with who may read
+them (drive permission settings, collaborators, owners; the section at the end). It runs an
+aiohttp app on 127.0.0.1 with an ephemeral port, on **its own thread and event loop**: lark-oapi
+fetches tokens with blocking ``requests`` calls, so a fake served from the test's own loop
+would deadlock.
 
 Typical use::
 
@@ -1473,6 +1475,20 @@ class FakeLark(ThreadedAiohttpServer):
 #
 #     lark.add_docx("doxcnA", "正文")            lark.add_wiki_node("wikcnB", "docx", "doxcnA")
 #     lark.add_sheet("shtcnC", {"s1": ("Sheet1", [["a", 1]])})     lark.deny_doc("doxcnD")
+#
+# Who may read a document (issue 45 N2), as drive serves it to the tenant token: each document
+# (a wiki node too, under its node token) has an owner, link sharing, external access and
+# collaborators; the bot is a collaborator of every document it was given. Unset, a document is
+# owned by ``ou_owner`` with link sharing closed — only its owner and the bot may read it.
+#
+#     lark.share_doc("doxcnA", owner="ou_alice", link="tenant_readable",
+#                    members=[("openid", "ou_bob", "view"), ("openchat", "oc_team", "view")])
+#
+#   GET  /open-apis/drive/v2/permissions/:token/public?type=   → permission_public
+#   GET  /open-apis/drive/v1/permissions/:token/members?type=  → items (collaborators)
+#   POST /open-apis/drive/v1/metas/batch_query                 → metas (owner_id) / failed_list
+# ``type`` must be the document's (docx, sheet, wiki; doc for an old doc): Lark answers a
+# mismatch with 1063001. A denied document answers 1063002 (HTTP 403) and a meta's 970003.
 # ============================================================================================
 
 DOC_DENIED_CODES = {"docx": 1770032, "wiki": 131006, "sheets": 1310213}
@@ -1480,20 +1496,101 @@ DOC_DENIED_CODES = {"docx": 1770032, "wiki": 131006, "sheets": 1310213}
 
 def _docs(self) -> dict:
     with self._lock:
-        return self.__dict__.setdefault("_docs_state", {"docx": {}, "wiki": {}, "sheets": {}, "denied": set()})
+        return self.__dict__.setdefault("_docs_state", {"docx": {}, "wiki": {}, "sheets": {}, "denied": set(),
+                                                        "perms": {}})
 
 
-def _add_docx(self, token: str, text: str) -> None:
+DOC_PERM_TYPES = {"docx": ("docx", "doc"), "wiki": ("wiki",), "sheets": ("sheet",)}
+
+
+def _add_docx(self, token: str, text: str, **perms) -> None:
     _docs(self)["docx"][token] = text
+    _share_doc(self, token, **perms)
 
 
-def _add_wiki_node(self, token: str, obj_type: str, obj_token: str, title: str = "") -> None:
+def _add_wiki_node(self, token: str, obj_type: str, obj_token: str, title: str = "", **perms) -> None:
     _docs(self)["wiki"][token] = {"obj_type": obj_type, "obj_token": obj_token, "title": title or token}
+    _share_doc(self, token, **perms)
 
 
-def _add_sheet(self, token: str, sheets: dict) -> None:
+def _add_sheet(self, token: str, sheets: dict, **perms) -> None:
     """``sheets``: sheet_id -> (title, rows of values)."""
     _docs(self)["sheets"][token] = dict(sheets)
+    _share_doc(self, token, **perms)
+
+
+def _share_doc(self, token: str, *, owner: str | None = None, link: str | None = None,
+               external: str | None = None, members: list | None = None) -> None:
+    """Set who may read ``token`` (kept fields unchanged when not given): ``owner`` an open_id,
+    ``link`` the link_share_entity (closed, tenant_readable, tenant_editable,
+    partner_tenant_readable, anyone_readable, …), ``external`` the external_access_entity
+    (closed, open, allow_share_partner_tenant), ``members`` (member_type, member_id, perm)
+    tuples besides the bot."""
+    with self._lock:
+        p = _docs(self)["perms"].setdefault(token, {"owner": "ou_owner", "link": "closed",
+                                                    "external": "closed", "members": []})
+        for key, value in (("owner", owner), ("link", link), ("external", external)):
+            if value is not None:
+                p[key] = value
+        if members is not None:
+            p["members"] = [tuple(m) for m in members]
+
+
+def _perm_doc(self, call, token: str) -> dict:
+    """The permission record of ``token`` for a drive permission call, checking ``type``
+    against the document's kind as Lark does."""
+    docs = _docs(self)
+    if token in docs["denied"]:      # the bot was not given the document: it cannot tell more
+        raise _Reject(1063002, "Permission denied", 403)
+    kind = next((k for k in ("docx", "wiki", "sheets") if token in docs[k]), None)
+    if kind is None:
+        raise _Reject(1063005, "resource is deleted or does not exist", 404)
+    if call.query.get("type", "") not in DOC_PERM_TYPES[kind]:
+        raise _Reject(1063001, "Invalid parameter: type does not match the token", 400)
+    with self._lock:
+        return dict(docs["perms"].setdefault(token, {"owner": "ou_owner", "link": "closed",
+                                                     "external": "closed", "members": []}))
+
+
+def _h_perm_public(self, call, body, tok):
+    p = _perm_doc(self, call, tok)
+    return self._ok({"permission_public": {
+        "external_access_entity": p["external"], "security_entity": "anyone_can_view",
+        "comment_entity": "anyone_can_view", "share_entity": "anyone",
+        "manage_collaborator_entity": "collaborator_can_view", "link_share_entity": p["link"],
+        "copy_entity": "anyone_can_view", "lock_switch": False}})
+
+
+_MEMBER_KIND = {"openid": "user", "userid": "user", "unionid": "user", "email": "user", "openchat": "chat",
+                "opendepartmentid": "department", "groupid": "group", "wikispaceid": "wiki_space_member"}
+
+
+def _h_perm_members(self, call, body, tok):
+    p = _perm_doc(self, call, tok)
+    items = [{"member_type": "openid", "member_id": self.bot_open_id, "perm": "view", "perm_type": "container",
+              "type": "user"}]
+    items += [{"member_type": mt, "member_id": mid, "perm": perm, "perm_type": "container",
+               "type": _MEMBER_KIND.get(mt, "user")} for mt, mid, perm in p["members"]]
+    return self._ok({"items": items})
+
+
+def _h_metas(self, call, body):
+    docs = _docs(self)
+    metas, failed = [], []
+    for req in (body.get("request_docs") or [])[:200]:
+        tok, typ = str(req.get("doc_token", "")), str(req.get("doc_type", ""))
+        kind = next((k for k in ("docx", "wiki", "sheets") if tok in docs[k]), None)
+        if tok in docs["denied"]:
+            failed.append({"token": tok, "code": 970003})
+        elif kind is None or typ not in DOC_PERM_TYPES[kind]:
+            failed.append({"token": tok, "code": 970005})
+        else:
+            with self._lock:
+                owner = docs["perms"].get(tok, {}).get("owner", "ou_owner")
+            metas.append({"doc_token": tok, "doc_type": typ, "title": tok, "owner_id": owner,
+                          "create_time": "1700000000", "latest_modify_user": owner,
+                          "latest_modify_time": "1700000000"})
+    return self._ok({"metas": metas, "failed_list": failed})
 
 
 def _deny_doc(self, token: str) -> None:
@@ -1543,7 +1640,9 @@ def _h_sheet_values(self, call, body, tok, rng):
 
 for _name, _fn in (("add_docx", _add_docx), ("add_wiki_node", _add_wiki_node), ("add_sheet", _add_sheet),
                    ("deny_doc", _deny_doc), ("_h_docx_raw", _h_docx_raw), ("_h_wiki_node", _h_wiki_node),
-                   ("_h_sheets_query", _h_sheets_query), ("_h_sheet_values", _h_sheet_values)):
+                   ("_h_sheets_query", _h_sheets_query), ("_h_sheet_values", _h_sheet_values),
+                   ("share_doc", _share_doc), ("_h_perm_public", _h_perm_public),
+                   ("_h_perm_members", _h_perm_members), ("_h_metas", _h_metas)):
     setattr(FakeLark, _name, _fn)
 FakeLark._ROUTES = FakeLark._ROUTES + [
     (m, re.compile(p + r"\Z"), h, True) for (m, p, h) in [
@@ -1551,5 +1650,8 @@ FakeLark._ROUTES = FakeLark._ROUTES + [
         ("GET", r"/open-apis/wiki/v2/spaces/get_node", "_h_wiki_node"),
         ("GET", r"/open-apis/sheets/v3/spreadsheets/(?P<tok>[^/]+)/sheets/query", "_h_sheets_query"),
         ("GET", r"/open-apis/sheets/v2/spreadsheets/(?P<tok>[^/]+)/values/(?P<rng>[^/]+)", "_h_sheet_values"),
+        ("GET", r"/open-apis/drive/v2/permissions/(?P<tok>[^/]+)/public", "_h_perm_public"),
+        ("GET", r"/open-apis/drive/v1/permissions/(?P<tok>[^/]+)/members", "_h_perm_members"),
+        ("POST", r"/open-apis/drive/v1/metas/batch_query", "_h_metas"),
     ]
 ]

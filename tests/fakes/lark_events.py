@@ -137,8 +137,12 @@ def make_text_event(
     app_id: str = "cli_test",
     tenant_key: str = "tk_demo",
     token: str = "vtoken",
+    sender_tenant_key: str | None = None,
 ) -> dict:
     """A schema 2.0 ``im.message.receive_v1`` event.
+
+    ``sender_tenant_key`` (default ``tenant_key``, the app's tenant in the header): another
+    organisation's, for an external member of a shared group.
 
     ``mentions`` items are full mention dicts or open_ids (``"ou_bot"``, ``"all"``); open_ids get
     keys ``@_user_1``, ``@_user_2``... (``@_all`` for ``"all"``), and a key missing from ``text``
@@ -198,7 +202,7 @@ def make_text_event(
             "sender": {
                 "sender_id": {"open_id": sender, "union_id": f"on_{local}", "user_id": local},
                 "sender_type": sender_type,
-                "tenant_key": tenant_key,
+                "tenant_key": tenant_key if sender_tenant_key is None else sender_tenant_key,
             },
             "message": message,
         },

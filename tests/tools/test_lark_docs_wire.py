@@ -21,9 +21,12 @@ async def _ask(h, text, n):
 
 async def test_pasted_links_reach_the_model_and_no_access_is_told(tmp_path):
     async with Harness(tmp_path) as h:
-        h.lark.add_docx("doxcnPlan", "2027 计划：第一季度发布 Falcon。")
-        h.lark.add_wiki_node("wikcnTeam", "docx", "doxcnPlan", title="团队计划")
-        h.lark.add_sheet("shtcnBudget", {"s1": ("预算", [["项目", "金额"], ["Falcon", 120000]])})
+        # Alice may open each (owner, collaborator, the organisation's link): who may is
+        # tests/tools/test_lark_docs_access.py's subject
+        h.lark.add_docx("doxcnPlan", "2027 计划：第一季度发布 Falcon。", owner="ou_alice")
+        h.lark.add_wiki_node("wikcnTeam", "docx", "doxcnPlan", title="团队计划", link="tenant_readable")
+        h.lark.add_sheet("shtcnBudget", {"s1": ("预算", [["项目", "金额"], ["Falcon", 120000]])},
+                         members=[("openid", "ou_alice", "view")])
         h.lark.deny_doc("doxcnSecret")
         h.model.script(ToolUse("lark_doc_read", {"url": "https://acme.feishu.cn/docx/doxcnPlan"}))
         r1 = await _ask(h, "这份文档讲了什么？https://acme.feishu.cn/docx/doxcnPlan", 1)
