@@ -140,13 +140,18 @@ async def test_a_check_that_fails_refuses_and_a_repeated_read_is_not_checked_aga
         url = "https://acme.feishu.cn/docx/doxcnPlan"
         h.lark.fail_next("/drive/v2/permissions/doxcnPlan/public", status=500, code=1063006,
                          msg="internal error")
+        h.lark.fail_next("/drive/v1/metas/batch_query", status=400, code=99991672,
+                         msg="Access denied. One of the following scopes is required: [drive:drive.metadata:readonly]")
         with structlog.testing.capture_logs() as logs:
             _, result = await ask(url, **ALICE)
-        assert "CHECK_FAILED" in result and "Falcon" not in result
+            assert "CHECK_FAILED" in result and "Falcon" not in result
+            _, result = await ask(url, **ALICE)        # the app lacks the owner lookup's scope
+            assert "document-permission scopes" in result and "Falcon" not in result
         assert not _raw_reads(h, "doxcnPlan")
-        [line] = [e for e in logs if e["event"] == "docs.refused"]
-        assert (line["why"], line["code"], line["user_id"], line["token"]) == (
-            "check failed", 1063006, "ou_alice", "doxcnPlan")
+        lines = [e for e in logs if e["event"] == "docs.refused"]
+        assert [(e["why"], e["code"], e["user_id"], e["token"]) for e in lines] == [
+            ("check failed", 1063006, "ou_alice", "doxcnPlan"), ("missing scope", 99991672, "ou_alice", "doxcnPlan")]
+        assert "drive:drive.metadata:readonly" in lines[1]["missing_scope"]
         # a failed check is not remembered: the next ask checks again and reads
         _, result = await ask(url, **ALICE)
         assert "第一季度发布 Falcon" in result
