@@ -488,7 +488,8 @@ class McpServerConfig(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)  # values may say ${VAR}
     timeout: float = Field(default=30.0, gt=0, le=600)     # per call and for start-up
     # Read-only tools (offered in groups, never confirmed) are the operator's word only: a
-    # server's readOnlyHint is an untrusted hint (issue 45, N4). None/false: none but those named.
+    # server's readOnlyHint is an untrusted hint (issue 45, N4). true: every tool of the server;
+    # false: none; unset: those named in read_only_tools (the server's own tool names).
     read_only: bool | None = None
     read_only_tools: list[str] = Field(default_factory=list)
     # Its tool list rides on every request: more tools or bytes of definitions (name,
