@@ -38,8 +38,8 @@ import os
 import re
 import sys
 import time
-from datetime import timedelta
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -329,8 +329,9 @@ class McpServer:
         """None of this server's tools are offered; one log line per new refusal (N5)."""
         self._defs = ()
         self.budget.used.pop(self.server, None)
-        self.problem = (f"tools refused: {tools} tools, {size} bytes of definitions over the "
-                        f"{'server' if limit == 'server' else 'all servers'}' limit")
+        self.problem = (f"tools refused: {tools} tools, {size} bytes of definitions; "
+                        + (f"this server's limit is {max_tools} tools, {max_bytes} bytes" if limit == "server"
+                           else f"all servers' limit leaves {max_tools} tools, {max_bytes} bytes"))
         key = (limit, tools, size)
         if key != self._refused:
             self._refused = key
