@@ -207,7 +207,7 @@ class EthanApp:
                                   max_result_chars=s.tools.max_result_chars)
         # MCP servers (config.yaml mcp_servers:): connected before the port serves chats; one
         # that fails is logged, shown in /healthz, retried, and its tools are simply not offered.
-        self.mcp = McpServers(s.mcp_servers, ping_seconds=self.mcp_ping_seconds)
+        self.mcp = McpServers(s.mcp_servers, ping_seconds=self.mcp_ping_seconds, budget=s.tools.budget())
         if s.tools.lark_docs and s.lark_enabled:   # pasted Feishu doc links (offered once Lark is up)
             self.tools.add(LarkDocs(lambda: self.lark_api))
         for server in self.mcp.servers:

@@ -487,8 +487,15 @@ class McpServerConfig(BaseModel):
     url: str = ""                     # streamable HTTP: the endpoint (…/mcp) and headers
     headers: dict[str, str] = Field(default_factory=dict)  # values may say ${VAR}
     timeout: float = Field(default=30.0, gt=0, le=600)     # per call and for start-up
-    read_only: bool | None = None     # None: the server's readOnlyHint per tool
+    # Read-only tools (offered in groups, never confirmed) are the operator's word only: a
+    # server's readOnlyHint is an untrusted hint (issue 45, N4). true: every tool of the server;
+    # false: none; unset: those named in read_only_tools (the server's own tool names).
+    read_only: bool | None = None
     read_only_tools: list[str] = Field(default_factory=list)
+    # Its tool list rides on every request: more tools or bytes of definitions (name,
+    # description, schema as JSON) than this and none of its tools are offered (N5).
+    max_tools: int = Field(default=64, ge=1, le=10_000)
+    max_tool_bytes: int = Field(default=131_072, ge=1_024, le=16_777_216)
 
     @field_validator("env", "headers", mode="before")
     @classmethod
@@ -518,6 +525,13 @@ class ToolsConfig(BaseModel):
     disabled: list[str] = Field(default_factory=list)       # tool or provider names
     lark_docs: bool = True            # the built-in Feishu documents reader
     max_result_chars: int = Field(default=16_000, ge=500, le=200_000)
+    # All MCP servers' tools together (each server also has its own max_tools/max_tool_bytes).
+    mcp_max_tools: int = Field(default=128, ge=1, le=10_000)
+    mcp_max_bytes: int = Field(default=262_144, ge=1_024, le=67_108_864)
+
+    def budget(self):
+        from bot.tools.mcp import ToolBudget
+        return ToolBudget(max_tools=self.mcp_max_tools, max_bytes=self.mcp_max_bytes)
 
     def policy(self):
         from bot.tools.registry import ToolPolicy

@@ -13,6 +13,10 @@ signal a process when its parent dies, so this keeper:
    the server (bot/tools/mcp.py).
 
 Elsewhere than Linux there is no PDEATHSIG: the keeper polls its parent id once a second.
+
+Its stderr and the server's are a pipe to Ethan, which logs each line as an ``mcp.stderr``
+record naming the server (bot/tools/mcp.py ``_StderrLines``): what is printed here is data in
+Ethan's log, never a log line of its own.
 """
 
 from __future__ import annotations

@@ -96,6 +96,9 @@ async def test_list_changed_refreshes_the_offer(tmp_path):
     async with Harness(tmp_path, mcp_servers={"team": stdio_config(tmp_path)}) as h:
         h.model.script(ToolUse("mcp_team__grow", {}), Text("ok"), ToolUse("mcp_team__extra", {}))
         await _ask(h, "grow", 1, **ALICE)
+        end = time.monotonic() + 10     # the list is read again within REFRESH_MIN_S (bot/tools/mcp.py)
+        while h.app.mcp.status()["team"]["tools"] != 8 and time.monotonic() < end:
+            await asyncio.sleep(0.05)
         reply = await _ask(h, "extra", 2, **ALICE)
         assert "extra!" in reply.text
 
@@ -196,7 +199,7 @@ GROUP = dict(chat_id="oc_group_team", chat_type="group", sender="ou_alice")
 
 
 async def test_side_effects_in_groups_are_off_by_default(tmp_path):
-    async with Harness(tmp_path, mcp_servers={"team": stdio_config(tmp_path)}) as h:
+    async with Harness(tmp_path, mcp_servers={"team": stdio_config(tmp_path, read_only_tools=["lookup"])}) as h:
         await h.send_text("你好", **GROUP)
         await h.replies(1, timeout=20)
         names = [t.get("name") or t.get("function", {}).get("name") for t in h.model.chat_requests()[0].json["tools"]]
