@@ -104,7 +104,7 @@ def _stdlib_formatter(json: bool) -> logging.Formatter:
         ],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info if json else structlog.dev.set_exc_info,
+            structlog.processors.format_exc_info,     # a text field before _scrub, on a terminal too
             _scrub,
             structlog.processors.JSONRenderer(ensure_ascii=False) if json else structlog.dev.ConsoleRenderer(),
         ])
