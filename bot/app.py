@@ -514,6 +514,7 @@ class EthanApp:
             reply.record_sent = self.outbox.text_sent
         reply.tool_confirmations, reply.asker = self.confirmations, inbound.sender_id
         reply.record_confirm_card = lambda mid, user: chat_events.confirm_card_sent(self.db, mid, user)
+        reply.record_memory_card = lambda mid, owner, kind: chat_events.memory_card_sent(self.db, mid, owner, kind)
         return reply
 
     # -- stop ------------------------------------------------------------------------

@@ -168,6 +168,13 @@ class Settings(BaseSettings):
             scheme = v.split("://", 1)[0] if "://" in v else v[:20]
             raise ValueError(f"{scheme!r} is not a supported database: use postgresql://user:password@host:5432/db,"
                              " or leave it empty for SQLite at $ETHAN_HOME/ethan.db")
+        if v:
+            # The rest of the URL too, before anything opens it: one line at start-up, not a
+            # traceback from the driver (storage/postgres.py: psycopg only when it is configured)
+            from storage.postgres import url_problem
+            problem = url_problem(v)
+            if problem:
+                raise ValueError(f"{problem} (expected postgresql://user:password@host:5432/db?sslmode=…)")
         return v
 
     @field_validator("ethan_timezone")

@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from bot.inbound import Inbound
 from bot.log import get_logger
-from bot.memory_clicks import MEMORY, REFUSED as MEMORY_REFUSED, memory_clicked
+from bot.memory_clicks import MEMORY, REFUSALS as MEMORY_REFUSALS, memory_clicked
 from bot.reply import DeliveryError
 from memory import audit, chat_events
 from memory.withdraw import withdraw_message
@@ -210,7 +210,7 @@ class Lifecycle:
         card_mid, clicker = ev.card_message_id, ev.clicker
         if ev.button == MEMORY and card_mid:                # the /memory card (bot/memory_clicks.py)
             note = await memory_clicked(self.d, item, ev, bound)
-            await self.d.finish(item.id, "ignored" if note == MEMORY_REFUSED else "done", note)
+            await self.d.finish(item.id, "ignored" if note in MEMORY_REFUSALS else "done", note)
             return
         if ev.button not in (CONFIRM, CANCEL) or not card_mid:
             await self.d.finish(item.id, "ignored", "not an Ethan button")

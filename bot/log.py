@@ -88,14 +88,40 @@ class _Stderr:
         return sys.stderr.isatty()
 
 
-class _OneLine(logging.Formatter):
-    """A library's record on one line (psycopg's pool warns in two while PostgreSQL is down):
-    a continuation line would read as unstructured output, e.g. to a log shipper or the tests'
-    "no raw lines" check."""
+def _stdlib_formatter(json: bool) -> logging.Formatter:
+    """What a stdlib record (a library's, or memory/'s: it logs through stdlib logging since it
+    must not import bot/) becomes: the same JSON line as Ethan's own, with ``logger`` (its name)
+    and any ``extra=`` fields — never a raw line a log shipper or the tests' "no raw lines"
+    check would take for unstructured output. The traceback, if any, is a field of the line
+    and is scrubbed like the rest (psycopg's errors name hosts and URLs)."""
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.ExtraAdder(),
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,     # a text field before _scrub, on a terminal too
+            _scrub,
+            structlog.processors.JSONRenderer(ensure_ascii=False) if json else structlog.dev.ConsoleRenderer(),
+        ])
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record).replace("\r", "").replace("\n", " | ")
-        return redact_urls(_SECRET_VALUES.sub("[redacted]", line))
+
+def adopt_library_handlers(*names: str) -> None:
+    """Take away the stream handlers a library installed on its own loggers (lark-oapi prints
+    ``[Lark] [time] [WARNING] …`` to stdout): their records go on to the root handler, which
+    writes them as JSON (and once, not twice)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler and handler.stream in (sys.stdout, sys.stderr):
+                logger.removeHandler(handler)
+
+
+LIBRARY_LOGGERS = ("Lark",)     # loggers a library gives a handler of its own (see adopt_library_handlers)
 
 
 def configure_logging(level: str = "info", *, json: bool | None = None, stream=None) -> None:
@@ -123,7 +149,8 @@ def configure_logging(level: str = "info", *, json: bool | None = None, stream=N
     logging.basicConfig(level=logging.WARNING, stream=stream)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
-            handler.setFormatter(_OneLine(logging.BASIC_FORMAT))
+            handler.setFormatter(_stdlib_formatter(json))
+    adopt_library_handlers(*LIBRARY_LOGGERS)
     for noisy in ("Lark", "httpx", "anthropic", "openai", "jieba", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

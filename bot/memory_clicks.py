@@ -3,8 +3,11 @@ decided here, for any transport that shows the card (the adapter translates the 
 ``bot.lifecycle.ButtonClicked`` with ``button == "memory"`` and draws the card).
 
 A click is a row in the inbox like any event and runs in its chat's mailbox, in order with the
-chat's messages. Only the card's owner (``asked_by``: the sender of /memory the card was made
-for) acts: another user's click changes nothing — logged, audited. The owner's click runs the
+chat's messages. Who owns the card, and which view it shows (a direct chat's private one, or a
+group's), come from the card ledger (memory/chat_events.py ``memory_card``: recorded when Lark
+accepted the card), never from the button's value, which a forged click writes as it likes. Only
+the owner acts: another user's click, a click on a card the ledger does not know, and a value
+that disagrees with the ledger change nothing — logged, audited. The owner's click runs the
 typed command the button stands for, *as the clicker* (``/forget 12``, ``/correct 12 …``), then
 the card is redrawn from a fresh /memory (what Ethan knows now) with the outcome on top; Correct
 redraws it as the item's edit form. The card is not claimed once like a confirm card: it governs
@@ -17,37 +20,54 @@ from typing import Any
 
 from bot.commands import MemoryView, correct_command, forget_command
 from bot.inbound import Inbound
-from memory import audit
+from memory import audit, chat_events
 
 MEMORY = "memory"                  # ButtonClicked.button of the /memory card's buttons
 REFUSED = "click by another user"
+NOT_OURS = "not a /memory card Ethan sent"
+DISAGREES = "button value disagrees with the card"
+REFUSALS = frozenset({REFUSED, NOT_OURS, DISAGREES})
 
 
-def refused(ev: Any) -> bool:
-    """True when this click must change nothing (not the card's owner)."""
-    return not ev.clicker or ev.clicker != ev.asked_by
+def verdict(card: chat_events.MemoryCard | None, clicker: str, value_owner: str, value_chat_type: str) -> str:
+    """"" when the click may act; otherwise why not (one of ``REFUSALS``). ``card``: the ledger's
+    record; ``value_*``: what the button's value claims (it must agree, or the value was forged)."""
+    if card is None:
+        return NOT_OURS
+    if not clicker or clicker != card.owner:
+        return REFUSED
+    if value_owner != card.owner or value_chat_type != card.chat_type:
+        return DISAGREES
+    return ""
 
 
-async def refuse(db: Any, bound: Any, *, clicker: str, owner: str, item: str, chat_id: str) -> None:
-    """Another user's click: one log line and an audit row, nothing else (the intake, which
-    answers it with a toast, and the mailbox's own check share it)."""
-    bound.info("card.refused", reason="not the card's owner", owner=owner[-6:])
+async def refuse(db: Any, bound: Any, *, clicker: str, owner: str, item: str, chat_id: str,
+                 reason: str = REFUSED) -> None:
+    """A click that changes nothing: one log line and an audit row, nothing else (the intake,
+    which answers it with a toast, and the mailbox's own check share it). ``owner``: the
+    ledger's, "" for a card it does not know."""
+    bound.info("card.refused", reason=reason, owner=owner[-6:])
     await audit.record(db, clicker, "card.memory", target=item[:60], chat_id=chat_id,
-                       detail="not the card's owner", allowed=False)
+                       detail=reason, allowed=False)
 
 
 async def memory_clicked(d: Any, item: Any, ev: Any, bound: Any) -> str:
     """Handle one click (``d``: bot.lifecycle.LifecycleDeps); returns the inbox row's note."""
     bound = bound.bind(user_id=ev.clicker, card_message_id=ev.card_message_id, op=ev.op[:16])
-    if refused(ev):
-        await refuse(d.db, bound, clicker=ev.clicker, owner=ev.asked_by, item=f"{ev.item_kind} {ev.item_id}",
-                     chat_id=ev.chat_id)
-        return REFUSED
+    # Decided at intake too (bot/lark/card_clicks.py); checked again here from the ledger for a
+    # row intake did not decide (stored by an older version, or another replica's).
+    card = await chat_events.memory_card(d.db, ev.card_message_id)
+    why = verdict(card, ev.clicker, ev.asked_by, ev.chat_type)
+    if why:
+        await refuse(d.db, bound, clicker=ev.clicker, owner=card.owner if card else "",
+                     item=f"{ev.item_kind} {ev.item_id}", chat_id=ev.chat_id, reason=why)
+        return why
+    chat_type = card.chat_type
 
     def inbound(text: str) -> Inbound:
         # the owner, in the card's chat: the command sees what /memory there sees
         return Inbound(transport=d.transport, message_id=ev.card_message_id, chat_id=ev.chat_id,
-                       chat_type=ev.chat_type or "p2p", sender_id=ev.clicker, text=text, event_id=item.event_id)
+                       chat_type=chat_type, sender_id=ev.clicker, text=text, event_id=item.event_id)
 
     async def view() -> MemoryView | None:
         v = await d.run_command(inbound("/memory"), "/memory")
@@ -65,7 +85,7 @@ async def memory_clicked(d: Any, item: Any, ev: Any, bound: Any) -> str:
         current = await view() or current
     elif ev.op == "correct":
         if d.actions is not None:
-            await d.actions.show_memory_card(ev.card_message_id, current, chat_type=ev.chat_type, editing=target)
+            await d.actions.show_memory_card(ev.card_message_id, current, chat_type=chat_type, editing=target)
         bound.info("card.memory", outcome="editing", kind=target.kind, item_id=target.id)
         return "editing"
     elif ev.op == "save":
@@ -80,5 +100,5 @@ async def memory_clicked(d: Any, item: Any, ev: Any, bound: Any) -> str:
             current = await view() or current
     bound.info("card.memory", outcome=ev.op or "back", kind=ev.item_kind[:8], item_id=ev.item_id)
     if d.actions is not None:
-        await d.actions.show_memory_card(ev.card_message_id, current, chat_type=ev.chat_type, notice=str(notice))
+        await d.actions.show_memory_card(ev.card_message_id, current, chat_type=chat_type, notice=str(notice))
     return ev.op or "back"

@@ -1,4 +1,5 @@
-"""Records of chat events: a chat greeted, a confirmation card answered, a chat the bot left.
+"""Records of chat events: a chat greeted, a confirmation card answered, a /memory card sent, a
+chat the bot left.
 
 The once-only ones are decided by a unique key in one statement, so two deliveries (or two
 processes) racing on the same event cannot both win. The chats the bot was removed from are
@@ -57,6 +58,38 @@ async def claim_card(db: Database, card_message_id: str, user_id: str, outcome: 
     return await db.execute(
         "UPDATE card_confirmations SET outcome = ? WHERE card_message_id = ? AND user_id = ?"
         " AND outcome = ? AND at >= ?", (outcome, card_message_id, user_id, ASKED, sent_after)) > 0
+
+
+# The /memory card is in the same ledger: its row's ``user_id`` is the card's owner and its
+# ``outcome`` ``memory:<chat type>`` — never ``asked``, so no click can claim it as a confirm card.
+# A click on a /memory card acts only on a card found here, by its owner, and redraws it with the
+# chat type recorded here: never the button's value, which a forged click writes as it likes.
+MEMORY_CARD = "memory:"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCard:
+    card_message_id: str
+    owner: str            # whose memory it shows (only their click acts)
+    chat_type: str        # where it was sent: p2p shows the private view, a group does not
+    at: float
+
+
+async def memory_card_sent(db: Database, card_message_id: str, owner: str, chat_type: str, *,
+                           at: float | None = None) -> None:
+    """The bot sent a /memory card showing ``owner``'s memory in a ``chat_type`` chat."""
+    await db.execute(
+        "INSERT INTO card_confirmations(card_message_id, user_id, outcome, at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        (card_message_id, owner, MEMORY_CARD + chat_type, time.time() if at is None else at))
+
+
+async def memory_card(db: Database, card_message_id: str) -> MemoryCard | None:
+    """The ledger's record of a /memory card; None: not one the bot sent (or a confirm card)."""
+    card = await confirm_card(db, card_message_id)
+    if card is None or not card.outcome.startswith(MEMORY_CARD):
+        return None
+    return MemoryCard(card.card_message_id, card.user_id, card.outcome.removeprefix(MEMORY_CARD), card.at)
 
 
 async def chat_left(db: Database, chat_id: str) -> None:

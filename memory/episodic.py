@@ -807,12 +807,13 @@ class EpisodeStore:
             self._embed_down_until = time.monotonic() + EMBED_RETRY_S
             if not self._embed_down:
                 self._embed_down = True
-                log.warning("recall.embedding_unavailable model=%s error=%s fallback=bm25",
-                            self.embedder.model, type(e).__name__ + (f": {e}" if str(e) else ""))
+                log.warning("recall.embedding_unavailable", extra={
+                    "model": self.embedder.model, "error": type(e).__name__ + (f": {e}" if str(e) else ""),
+                    "fallback": "bm25"})
             return None
         if self._embed_down:
             self._embed_down = False
-            log.info("recall.embedding_restored model=%s", self.embedder.model)
+            log.info("recall.embedding_restored", extra={"model": self.embedder.model})
         return vecs[0]
 
     async def _semantic(self, where: list[str], params: list[Any], text: str,

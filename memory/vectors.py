@@ -77,7 +77,7 @@ def sqlite_vec_loads(conn: Any) -> bool:
             conn.enable_load_extension(False)
         return True
     except Exception as e:                  # noqa: BLE001 — any failure: the fallback below
-        log.info("vectors.sqlite_vec_unavailable error=%s", e)
+        log.info("vectors.sqlite_vec_unavailable", extra={"error": str(e)[:200]})
         return False
 
 
@@ -293,14 +293,14 @@ class EmbeddingIndexer:
                 n = await self.run_once()
                 if self._failing:
                     self._failing = False
-                    log.info("embedding.index_restored model=%s", self.embedder.model)
+                    log.info("embedding.index_restored", extra={"model": self.embedder.model})
                 backoff = BACKOFF_S[0]
             except asyncio.CancelledError:
                 raise
             except Exception as e:            # noqa: BLE001 — the endpoint or the database: retry
                 if not self._failing:
                     self._failing = True
-                    log.warning("embedding.index_failed model=%s error=%s", self.embedder.model, e)
+                    log.warning("embedding.index_failed", extra={"model": self.embedder.model, "error": str(e)[:200]})
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_S[1])
                 continue

@@ -176,9 +176,10 @@ class WorkingMemory:
         if snap.trimmed:
             # Consolidation is behind (or failing) and the backlog outgrew the budget: the model
             # is told, and so is the operator — turns are never dropped silently.
-            log.warning("working.replay_trimmed session_id=%s trimmed=%d replayed=%d failures=%d last_error=%s",
-                        session_id, snap.trimmed, len(snap.hot), snap.state.failures,
-                        snap.state.last_error[:120])
+            # The fields as ``extra``: bot/log.py writes them as the JSON line's own keys.
+            log.warning("working.replay_trimmed", extra={
+                "session_id": session_id, "trimmed": snap.trimmed, "replayed": len(snap.hot),
+                "failures": snap.state.failures, "last_error": snap.state.last_error[:120]})
         return _assemble(snap, current_input, speaker_name)
 
     async def view(self, session_id: str) -> ContextView:

@@ -535,6 +535,14 @@ def test_backup_on_postgresql_says_use_pg_dump_in_one_line(home, tmp_path, monke
     assert not (tmp_path / "copy.db").exists()
 
 
+def test_db_copy_to_a_bad_url_is_one_line_without_the_password(seeded, capsys):
+    """(issue 45 N13) An unknown query parameter reached psycopg as a keyword: a traceback."""
+    assert main(["db", "copy", "--to", "postgresql://ethan:s3cretpw@127.0.0.1:1/ethan?foo=bar"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'foo' in the URL's query" in err and "Traceback" not in err
+    assert "s3cretpw" not in err
+
+
 def test_backup_while_another_connection_writes(home, tmp_path, capsys):
     import asyncio
 

@@ -42,6 +42,8 @@ TOASTS = {
     # the /memory card (bot/lark/memory_card.py; decided in bot/memory_clicks.py)
     "memory owner only": ("warning", "只有这张卡片的主人可以操作，什么都没改。", "Only the card's owner can do that — nothing changed."),
     "memory on it": ("info", "好的，正在处理。", "OK — on it."),
+    "memory not ours": ("warning", "这张卡片与我发出的记忆卡片不符，什么都没改。请重新发送 /memory。",
+                        "This is not a /memory card as I sent it — nothing changed. Send /memory again."),
 }
 
 
@@ -116,16 +118,23 @@ class CardClicks:
                         acts=False, note=note)
 
     async def _memory(self, ev: Any, event_id: str, value: dict) -> Decision:
-        """A /memory card button: another user's click is refused here (a toast, the row
-        finished: it changes nothing); the owner's goes on to the mailbox (bot/memory_clicks.py)."""
-        clicker = ev.operator.open_id
-        if not clicker or clicker != value.get("user"):
-            bound = log.bind(event_id=event_id, user_id=clicker, card_message_id=ev.context.open_message_id,
+        """A /memory card button, decided from the card ledger (memory/chat_events.py
+        ``memory_card``), not the value: a card Ethan did not send, another user's click, or a
+        value that disagrees with the ledger (``p2p`` on a group's card) is refused here (a
+        toast, the row finished: it changes nothing); the owner's goes on to the mailbox
+        (bot/memory_clicks.py)."""
+        clicker, card_mid = ev.operator.open_id, ev.context.open_message_id
+        card = await chat_events.memory_card(self.db, card_mid)
+        # the value as bot/lark/events.py reads it into the ButtonClicked the mailbox gets
+        why = memory_clicks.verdict(card, clicker, str(value.get("user") or ""), str(value.get("chat_type") or "p2p"))
+        if why:
+            bound = log.bind(event_id=event_id, user_id=clicker, card_message_id=card_mid,
                              chat_id=ev.context.open_chat_id)
-            await memory_clicks.refuse(self.db, bound, clicker=clicker, owner=str(value.get("user", "")),
+            await memory_clicks.refuse(self.db, bound, clicker=clicker, owner=card.owner if card else "",
                                        item=f"{value.get('kind', '')} {value.get('id', '')}",
-                                       chat_id=ev.context.open_chat_id)
-            return Decision("refused", response("memory owner only"), acts=False, note=memory_clicks.REFUSED)
+                                       chat_id=ev.context.open_chat_id, reason=why)
+            kind = "memory owner only" if why == memory_clicks.REFUSED else "memory not ours"
+            return Decision("refused", response(kind), acts=False, note=why)
         return Decision("memory", response("memory on it"), acts=True)
 
     def _verdict(self, card: chat_events.ConfirmCard | None, clicker: str) -> str | None:

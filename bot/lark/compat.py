@@ -63,6 +63,9 @@ def session_class():
     from lark_oapi.ws.model import Response
     from websockets.exceptions import InvalidHandshake
 
+    from bot.log import adopt_library_handlers
+    adopt_library_handlers("Lark")     # the SDK prints its own raw lines to stdout: JSON via the root instead
+
     class SdkSession(sdk.Client):
         """One app's client: discovery, handshake, frames. Never uses the SDK's module loop."""
 

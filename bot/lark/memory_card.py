@@ -4,8 +4,10 @@ learned and Forget / Correct buttons, governed by the user in the chat (issue 31
 ``memory_card(view)`` renders a ``bot.commands.MemoryView`` (JSON 2.0, ``update_multi`` so the
 click's outcome replaces it for everyone who sees it). Each button's value names the item and
 the card's owner: ``{"ethan": "memory", "op": …, "kind": …, "id": …, "user": owner,
-"chat_type": …}``. Only the owner's click acts (bot/memory_clicks.py, via bot/lifecycle.py);
-another user's click changes nothing (refused at intake with a toast, bot/lark/card_clicks.py).
+"chat_type": …}`` — a claim only: the card ledger (memory/chat_events.py, recorded once Lark took
+the card) decides the owner and the chat type. Only the owner's click acts (bot/memory_clicks.py,
+via bot/lifecycle.py); another user's click, a card the ledger does not know, or a value that
+disagrees with it changes nothing (refused at intake with a toast, bot/lark/card_clicks.py).
 The buttons run the typed commands
 (``bot.commands.forget_command`` / ``correct_command``) — the same code path as ``/forget`` and
 ``/correct`` typed in the chat — so the console and the terminal, which get the text, keep

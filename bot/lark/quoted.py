@@ -7,6 +7,9 @@ image block, like a sent image), a file (its name), a merged forward (its childr
 Scope: the same as attachments — any one of ``im:message``, ``im:message:readonly`` or
 ``im:message.history:readonly``. Without it, or for a recalled / foreign message, the quote
 comes back with ``error`` set and the answer goes on without it (one log line says why).
+
+A quoted message from another chat than the reply's is not shown either: the bot's token can
+read any chat it is in, the replying user may not be in that one (a forged ``parent_id``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class LarkQuotes:
             log.info("quote.unreadable", message_id=inbound.message_id, parent_id=mid,
                      chat_id=inbound.chat_id, reason="deleted" if item else "empty")
             return Quote(source=mid, error="deleted" if item else "empty")
+        if item.get("chat_id") != inbound.chat_id:
+            log.info("quote.foreign_chat", message_id=inbound.message_id, parent_id=mid,
+                     chat_id=inbound.chat_id, quoted_chat_id=str(item.get("chat_id") or "")[:64])
+            return Quote(source=mid, error="another chat")
         sender = item.get("sender") or {}
         author = ""
         if sender.get("sender_type") in ("app", "bot"):

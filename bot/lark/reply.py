@@ -95,6 +95,9 @@ class LarkReply(ReplyBase):
         # chat_events.confirm_card_sent: a confirm card's buttons act only once it is recorded
         # (bot/lark/card_clicks.py, the ws helper's; issue 32 Low)
         self.record_confirm_card = None
+        # chat_events.memory_card_sent: a /memory card's buttons act only once it is recorded,
+        # with its owner and chat type (issue 45 N11)
+        self.record_memory_card = None
         self._wall_clock = wall_clock
         self.locale = locale             # the user's: posts carry it (bot/lark/render.py)
         self._cards = cards
@@ -255,7 +258,11 @@ class LarkReply(ReplyBase):
         Lark refuses falls back to the text."""
         from bot.lark.memory_card import memory_card
 
-        await self._card_or_text(lambda: memory_card(view, chat_type=chat_type), "memory", str(view), None)
+        async def sent(mid: str) -> None:
+            if self.record_memory_card is not None:
+                await self.record_memory_card(mid, view.owner, chat_type)
+
+        await self._card_or_text(lambda: memory_card(view, chat_type=chat_type), "memory", str(view), sent)
 
     async def _card_or_text(self, build, kind: str, text: str, sent) -> None:
         """The whole answer as one card (``kind`` names its uuid and log line); a card Lark

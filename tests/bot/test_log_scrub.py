@@ -1,6 +1,11 @@
 """The log scrubber hides secrets but not token counts (it once printed input_tokens as
 "[redacted]" because the key contains "token")."""
 
+import logging
+
+import pytest
+import structlog
+
 from bot.log import _scrub
 
 
@@ -10,3 +15,62 @@ def test_secrets_hidden_token_counts_kept():
     assert line["input_tokens"] == 754 and line["cache_read_tokens"] == 0
     assert line["api_token"] == "[redacted]"
     assert "sk-ant-" not in line["note"]
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, t: str) -> int:
+        self.text += t
+        return len(t)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def restored_logging():
+    """configure_logging sets the process's logging up; the test run's is put back after."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    lark = logging.getLogger("Lark")
+    lark_handlers = list(lark.handlers)
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    lark.handlers[:] = lark_handlers
+    structlog.configure(**config)
+
+
+def test_stdlib_records_and_the_lark_sdks_are_json_lines_scrubbed(restored_logging, capsys):
+    """Issue 45 N13: a stdlib record (memory/'s, a library's) is a JSON line with its logger's
+    name, its extra= fields and its traceback, scrubbed; lark-oapi's own stdout handler (it
+    printed ``[Lark] [time] [WARNING] …``) is taken away once the SDK is imported."""
+    import json
+
+    from bot.lark.compat import session_class
+    from bot.log import configure_logging
+
+    out = _Lines()
+    logging.getLogger().handlers[:] = []          # as in a fresh process (basicConfig adds ours then)
+    configure_logging("info", json=True, stream=out)
+    session_class()          # imports the SDK, which installs its handler, and adopts it
+    logging.getLogger("ethan.working").warning("working.replay_trimmed", extra={"session_id": "s_1", "trimmed": 2})
+    try:
+        raise ValueError("connect to postgresql://ethan:s3cretpw@db/ethan failed")
+    except ValueError:
+        logging.getLogger("psycopg.pool").exception("pool failed\nagain")
+    logging.getLogger("Lark").warning("connect failed, err: boom")
+    lines = out.text.splitlines()
+    assert len(lines) == 3 and "s3cretpw" not in out.text
+    trimmed, pool, lark = (json.loads(line) for line in lines)
+    assert (trimmed["event"], trimmed["logger"], trimmed["session_id"], trimmed["trimmed"]) == \
+        ("working.replay_trimmed", "ethan.working", "s_1", 2)
+    assert pool["logger"] == "psycopg.pool" and "ValueError" in pool["exception"]
+    assert (lark["logger"], lark["level"]) == ("Lark", "warning")
+    assert capsys.readouterr().out == ""

@@ -179,6 +179,20 @@ async def test_an_unreadable_quote_is_answered_anyway_with_a_note(serve, lark, m
     assert any(e.get("event") == "quote.unreadable" for e in serve.entries())
 
 
+async def test_a_quote_from_another_chat_does_not_reach_the_model(serve, lark, model):
+    """Issue 45 N12: the bot's token reads every chat it is in; a ``parent_id`` naming another
+    chat's message (one the replying user need not be in) is not shown, only a short note."""
+    lark.add_message("om_hr_only", "oc_hr_private", text="工资表：张三 58000", sender="ou_bob")
+    model.script(Text("那条消息我读不到。"))
+    req = await _ask(serve, lark, model, make_text_event("这条说的啥", parent_id="om_hr_only", **ALICE))
+    raw = json.dumps(req.json, ensure_ascii=False)
+    assert "58000" not in raw and "工资表" not in raw
+    assert "could not be read" in _request_text(req)
+    [line] = [e for e in serve.entries() if e.get("event") == "quote.foreign_chat"]
+    assert (line["chat_id"], line["parent_id"], line["quoted_chat_id"]) == ("oc_p2p_alice", "om_hr_only",
+                                                                            "oc_hr_private")
+
+
 # -- Lark's rules on the way out ---------------------------------------------------------------
 
 GROUP = dict(chat_type="group", mentions=["ou_bot"])

@@ -158,3 +158,63 @@ async def test_memory_in_the_console_is_text_with_provenance_and_typed_commands(
             assert "已更正" in (await r.json())["reply"] or "Corrected" in (await r.json())["reply"]
         facts = await _facts(h)
         assert [f["content"] for f in facts if f["superseded_at"] is None] == ["用户住在上海"] and len(facts) == 2
+
+
+async def test_a_forged_memory_card_click_changes_nothing_and_shows_no_private_view(tmp_path):
+    """Issue 45 N11: the button's value named the owner and the chat type, and the click was
+    taken at its word. Owner and chat type now come from the card ledger (the card Ethan sent):
+    a value saying ``p2p`` on a group's card, a click whose value names another user on Alice's
+    card, and a click on a card Ethan never sent change nothing and show no private view."""
+    async with Harness(tmp_path) as h:
+        from memory.scope import Scope
+        facts = h.app.memory.facts
+        private = (await facts.add(Scope(user_id="ou_alice", chat_id="oc_p2p_alice", chat_type="p2p"),
+                                   "用户的月薪是五万", "knowledge", source="agent_proactive")).fact
+        shared = (await facts.add(Scope(user_id="ou_alice", chat_id="oc_team_mem", chat_type="group"),
+                                  "用户负责支付模块", "knowledge", source="user_edit")).fact
+        await facts.add(Scope(user_id="ou_bob", chat_id="oc_p2p_bob", chat_type="p2p"),
+                        "用户上周请了病假", "knowledge", source="agent_proactive")
+        before = await _facts(h)
+
+        await h.send_text("/memory", chat_id="oc_team_mem", chat_type="group")
+        card_msg = (await h.replies(1))[-1]
+        await h.idle()
+        mid, card = card_msg.message_id, card_msg.content
+        shown = json.dumps(card, ensure_ascii=False)
+        assert "用户负责支付模块" in shown and "月薪" not in shown          # the group's view
+        genuine = _button(card, "forget", "fact", shared.id)
+        assert (genuine["user"], genuine["chat_type"]) == ("ou_alice", "group")
+        alice_msg = (await h.send_text("你好", chat_id="oc_p2p_alice"))["event"]["message"]["message_id"]
+        await h.replies(2)
+        await h.idle()
+
+        forged = [
+            # the owner's click, its value saying p2p: forget the private fact, redraw the private view
+            (dict(genuine, id=private.id, chat_type="p2p"), "ou_alice", "oc_team_mem", mid),
+            (dict(genuine, op="back", chat_type="p2p"), "ou_alice", "oc_team_mem", mid),
+            # Bob's click, its value naming Bob: his own private view drawn on Alice's card
+            ({"ethan": "memory", "op": "back", "user": "ou_bob", "chat_type": "p2p"}, "ou_bob", "oc_team_mem", mid),
+            # a message Ethan never sent as a /memory card (Alice's own): a forget from nowhere
+            (dict(genuine, id=private.id, chat_type="p2p"), "ou_alice", "oc_p2p_alice", alice_msg),
+        ]
+        for value, operator, chat, card_mid in forged:
+            status, body = await h.post(make_card_action_event(value, chat_id=chat, message_id=card_mid,
+                                                               operator=operator))
+            await h.idle()
+            assert status == 200 and json.loads(body)["toast"]["type"] == "warning", body
+        assert await _facts(h) == before
+        assert h.lark.message(mid).edits == 0
+        everything = json.dumps([m.current_content for m in h.lark.messages()], ensure_ascii=False)
+        assert "月薪" not in everything and "病假" not in everything
+        refused = await h.app.db.fetchall(
+            "SELECT actor, detail FROM audit WHERE action = 'card.memory' AND allowed = 0 ORDER BY id")
+        assert [(r["actor"], r["detail"]) for r in refused] == [
+            ("ou_alice", "button value disagrees with the card"), ("ou_alice", "button value disagrees with the card"),
+            ("ou_bob", "click by another user"), ("ou_alice", "not a /memory card Ethan sent")]
+
+        # the card's own button still acts, in the group's view
+        status, body = await h.post(make_card_action_event({**genuine, "op": "back"}, chat_id="oc_team_mem",
+                                                           message_id=mid))
+        await h.idle()
+        assert status == 200 and json.loads(body)["toast"]["type"] == "info"
+        assert h.lark.message(mid).edits == 1 and "月薪" not in _card(h, mid) and "用户负责支付模块" in _card(h, mid)

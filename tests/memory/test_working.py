@@ -166,7 +166,8 @@ async def test_backlog_is_replayed_up_to_the_budget_then_trimmed_with_a_marker(d
     assert [u.split("\n\n")[-1].split(" x")[0] for u in users[:-1]] == [
         "question number 5", "question number 6", "question number 7", "question number 8"]
     assert users[0].startswith(TRIMMED.format(n=4) + "\n\n")
-    assert "working.replay_trimmed" in caplog.text and "trimmed=4" in caplog.text
+    [trimmed] = [r for r in caplog.records if r.getMessage() == "working.replay_trimmed"]
+    assert trimmed.trimmed == 4 and trimmed.session_id == convo.session_id
     view = await w.view(convo.session_id)
     assert view.pending == 5 and len(view.hot_turns) == 4     # the view counts the stored "now" too
     # a budget that fits some of the backlog replays that much of it

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from tests.reliability.support import ServerProcess, wait_until
+import aiohttp
+
+from tests.fakes.fake_anthropic import Error
+from tests.fakes.lark_events import make_text_event
+from tests.reliability.support import ServerProcess, _is_json_object, post_event, wait_until
 
 TRACEBACK = "Traceback (most recent call last):"
 
@@ -46,3 +50,29 @@ async def test_a_line_cut_by_sigkill_is_not_an_error_but_a_traceback_is(tmp_path
         assert [e["event"] for e in srv.errors()] == [TRACEBACK, "b"]
     finally:
         srv.close()
+
+
+async def test_stdlib_log_lines_of_a_serving_process_are_json(server, lark, model):
+    """Issue 45 N13: memory/ logs through stdlib logging (it must not import bot/); its lines,
+    like a library's, came out as ``WARNING:ethan.working:…`` text. Here consolidation keeps
+    failing, the session's backlog outgrows the replay budget and memory/working.py warns
+    (``working.replay_trimmed``): every line of the server's output is a JSON object, that one
+    with its logger's name and its fields as keys."""
+    model.clear()      # no summaries: the consolidator's every attempt fails
+    model.on_tool("write_summary", Error.invalid_request("summaries are refused in this test"), keys={"summary"})
+    srv = server()
+    await srv.start_ready()
+    async with aiohttp.ClientSession() as http:
+        for i in range(16):    # 14 turns are always replayed; ~2,000 tokens a turn passes the 24k budget
+            event = make_text_event(f"第 {i} 条：" + "长" * 1000, chat_id="oc_p2p_alice", sender="ou_alice")
+            lark.register_inbound(event)
+            assert await post_event(http, srv.url, event) == 200
+            await lark.wait_for_messages_async(i + 1, timeout=30)
+    await wait_until(lambda: any("working.replay_trimmed" in line for line in srv.lines()), 20,
+                     "the replay_trimmed warning")
+    await srv.terminate()
+    raw = [line for line in srv.lines() if line.strip() and not _is_json_object(line)]
+    assert raw == [], raw[:5]
+    [trimmed] = [e for e in srv.entries() if e.get("event") == "working.replay_trimmed"]
+    assert trimmed["logger"] == "ethan.working" and trimmed["level"] == "warning"
+    assert trimmed["trimmed"] >= 1 and trimmed["session_id"].startswith("s_") and "failures" in trimmed

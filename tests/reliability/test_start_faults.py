@@ -8,11 +8,14 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
+
 from tests.reliability.support import REPO, problem_lines
 
 
-def _run(tmp_path, *args, timeout=90):
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "ETHAN_HOME": str(tmp_path), "ETHAN_PORT": "0"}
+def _run(tmp_path, *args, timeout=90, **extra_env):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "ETHAN_HOME": str(tmp_path), "ETHAN_PORT": "0",
+           **extra_env}
     return subprocess.run([sys.executable, "-m", "bot", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -51,3 +54,24 @@ def test_memory_import_of_a_deeply_nested_file_is_one_line(tmp_path):
     (bundle / "facts.json").write_text("[" * 200_000 + "]" * 200_000)
     proc = _run(tmp_path, "memory", "import", "--user", "ou_alice", str(bundle))
     _check_one_line(proc, "facts.json", "nested")
+
+
+# Issue 45 N13: an unknown query parameter reached psycopg as a keyword argument (a
+# ProgrammingError traceback), a port urllib cannot read raised in the error handler itself
+# (a ValueError traceback), connect_timeout collided with Ethan's own (a TypeError traceback).
+BAD_URLS = {
+    "postgresql://ethan:s3cretpw@127.0.0.1:5999/ethan?foo=bar": "'foo' in the URL's query",
+    "postgresql://ethan:s3cretpw@127.0.0.1:5432x/ethan": "the port is not a number",
+    "postgres://ethan:s3cretpw@127.0.0.1:99999/ethan": "the port is not a number",
+    "postgresql://ethan:s3cretpw@127.0.0.1:5999/ethan?connect_timeout=3": "leave connect_timeout out",
+    "postgresql://ethan:s3cretpw@[::1/ethan": "not a URL",
+    "postgresql://ethan:s3cretpw/ethan": "the port is not a number",       # no @: the password where the port goes
+    "mysql://ethan:s3cretpw@127.0.0.1/ethan": "not a supported database",
+}
+
+
+@pytest.mark.parametrize("url", list(BAD_URLS))
+def test_serve_with_a_bad_database_url_is_refused_in_one_line(tmp_path, url):
+    proc = _run(tmp_path, "serve", ETHAN_DATABASE_URL=url)
+    _check_one_line(proc, "ethan: configuration error: ETHAN_DATABASE_URL", BAD_URLS[url])
+    assert "s3cretpw" not in proc.stderr + proc.stdout
