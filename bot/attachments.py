@@ -71,6 +71,11 @@ REASONS = {
                         "Sorry, speech recognition is unavailable just now — try again later, or type it?"),
     "stt_refused": ("抱歉，语音识别服务没有接受这条语音，可以打字告诉我吗？",
                     "Sorry, the speech recognition service did not accept that voice message — could you type it?"),
+    # The parse pool's queue (bot/parse_pool.py): this sender's own files fill it, or everyone's.
+    "busy": ("我还在读你之前发的文件，这个{what}先放下了，请等一会儿再发一次。",
+             "I'm still reading the files you sent before — please send this {what_en} again in a moment."),
+    "overloaded": ("我这会儿要读的文件太多了，请过一会儿再发一次这个{what}。",
+                   "I have too many files to read just now — please send this {what_en} again in a little while."),
     "no_text": ("这个文件里没有我能读出的文字（可能是扫描件）。", "I found no text in that file (a scan, perhaps)."),
 }
 _WHAT = {"image": ("图片", "image"), "file": ("文件", "file"), "forward": ("合并转发的消息", "forwarded bundle"),
@@ -137,7 +142,7 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePo
                 got = await fetch(inbound, att)
                 if len(got.data) > MAX_IMAGE_BYTES:
                     raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="image")
-                block = await _read(pool, "image", got.data, kind="image")
+                block = await _read(pool, "image", got.data, kind="image", key=inbound.sender_id)
             except AttachmentError as e:
                 if inbound.message_type != "post":
                     raise
@@ -157,7 +162,8 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePo
             got = await fetch(inbound, att)
             if len(got.data) > MAX_FILE_BYTES:
                 raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="file")
-            text, cut = await _read(pool, "file", att.name, got.data, MAX_FILE_CHARS, kind="file")
+            text, cut = await _read(pool, "file", att.name, got.data, MAX_FILE_CHARS, kind="file",
+                                    key=inbound.sender_id)
             if not text.strip():
                 raise AttachmentError("no_text", att.name, kind="file")
             if cut:
@@ -201,7 +207,7 @@ async def _transcribe(inbound: Inbound, att: Attachment, fetch: Fetch, pool: Par
     got = await fetch(inbound, att)
     if len(got.data) > MAX_AUDIO_BYTES:
         raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="audio")
-    info = await _read(pool, "audio", got.data, kind="audio")
+    info = await _read(pool, "audio", got.data, kind="audio", key=inbound.sender_id)
     seconds = max(float(info["seconds"]), att.seconds)
     if seconds > limit:
         raise AttachmentError("too_long", f"{seconds:.1f} s", kind="audio", limit_s=limit)
@@ -218,17 +224,19 @@ async def _transcribe(inbound: Inbound, att: Attachment, fetch: Fetch, pool: Par
 
 # -- reading: in the parse pool --------------------------------------------------------------
 
-async def _read(pool: "ParsePool", job: str, *args, kind: str) -> object:
-    """A reader's result from a parse worker; AttachmentError for every way it can fail."""
+async def _read(pool: "ParsePool", job: str, *args, kind: str, key: str = "") -> object:
+    """A reader's result from a parse worker; AttachmentError for every way it can fail.
+    ``key`` is the sender: the pool is fair between senders (bot/parse_pool.py)."""
     try:
-        return await pool.run(job, *args)
+        return await pool.run(job, *args, key=key)
     except ParseFailed as e:
         raise AttachmentError(e.reason, e.detail, kind=kind, cause=e.cause) from None
 
 
-async def read_image(pool: "ParsePool", data: bytes) -> dict:
-    """An image block for ``data`` (see bot/readers.py read_image), read in the pool."""
-    return await _read(pool, "image", data, kind="image")
+async def read_image(pool: "ParsePool", data: bytes, *, key: str = "") -> dict:
+    """An image block for ``data`` (see bot/readers.py read_image), read in the pool on behalf
+    of ``key`` (the sender)."""
+    return await _read(pool, "image", data, kind="image", key=key)
 
 
 sniff_image = readers.sniff_image
