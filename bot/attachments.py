@@ -19,7 +19,7 @@ from typing import Awaitable, Callable
 from bot import readers
 from bot.inbound import Attachment, Inbound, Material
 from bot.parse_pool import ParseFailed, ParsePool
-from bot.stt import SpeechError, Transcriber
+from bot.stt import SpeechError, Transcriber, transcript_cap
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024     # Lark's own cap on an image message
 MAX_FILE_BYTES = 20 * 1024 * 1024      # past this a file's text is rarely what was meant
@@ -76,6 +76,8 @@ REASONS = {
              "I'm still reading the files you sent before — please send this {what_en} again in a moment."),
     "overloaded": ("我这会儿要读的文件太多了，请过一会儿再发一次这个{what}。",
                    "I have too many files to read just now — please send this {what_en} again in a little while."),
+    "stt_too_long": ("语音识别服务返回的文字远远超出这条语音能说的长度，我没有采用。可以再发一次或者打字告诉我吗？",
+                     "The speech recognition service returned far more text than that voice message could hold, so I didn't use it — could you send it again or type it?"),
     "no_text": ("这个文件里没有我能读出的文字（可能是扫描件）。", "I found no text in that file (a scan, perhaps)."),
 }
 _WHAT = {"image": ("图片", "image"), "file": ("文件", "file"), "forward": ("合并转发的消息", "forwarded bundle"),
@@ -211,10 +213,13 @@ async def _transcribe(inbound: Inbound, att: Attachment, fetch: Fetch, pool: Par
     seconds = max(float(info["seconds"]), att.seconds)
     if seconds > limit:
         raise AttachmentError("too_long", f"{seconds:.1f} s", kind="audio", limit_s=limit)
+    cap = transcript_cap(seconds)
     try:
-        text = await stt.transcribe(got.data, filename=f"voice.{info['ext']}", media_type=info["media_type"])
+        text = await stt.transcribe(got.data, filename=f"voice.{info['ext']}", media_type=info["media_type"],
+                                    max_chars=cap)
     except SpeechError as e:
-        raise AttachmentError(f"stt_{e.reason}", e.detail, kind="audio", status=e.status) from None
+        raise AttachmentError(f"stt_{e.reason}", e.detail, kind="audio", status=e.status,
+                              seconds=round(seconds, 1), max_chars=cap) from None
     text = text.strip()
     if not text:
         raise AttachmentError("no_speech", f"{seconds:.1f} s", kind="audio")
