@@ -238,6 +238,9 @@ class ParsePool:
             self._queued -= 1
             if not q:
                 del self._waiting[key]
+            if turn.done():          # cancelled and not yet taken out (never expected): skip it
+                self._forget(key)
+                continue
             self._start(key)
             turn.set_result(None)
 

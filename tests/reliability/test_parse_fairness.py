@@ -132,3 +132,39 @@ async def test_a_sender_past_her_queue_is_told_to_send_again_and_others_are_not(
         assert [refused_line(logs, e)["cause"] for e in waiting] == ["timeout"] * len(waiting)
         assert [await inbox_status(h, e) for e in sent] == ["done"] * len(sent)
         assert h.app.parse_pool.load() == (0, 0)
+
+
+async def _load(h, want: tuple[int, int], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while h.app.parse_pool.load() != want:
+        assert time.monotonic() < end, f"pool load {h.app.parse_pool.load()}, expected {want}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_recalled_file_waiting_in_the_queue_leaves_it(tmp_path, logs):
+    """Alice's slow PDFs from 3 chats (one read, two waiting); she recalls the last: its answer
+    is stopped while it waits and it leaves the queue (a cancelled wait left behind would be
+    handed a worker later: InvalidStateError in another job's release). Her other two are
+    answered, the books end at (0, 0), no job failed."""
+    from tests.fakes.lark_events import make_recalled_event
+
+    async with Harness(tmp_path, ethan_parse_timeout=3.0) as h:
+        _answer_all(h)
+        await _warm_both_workers(h)
+        slow = _slow_pdf()
+        sent = []
+        for i in (1, 2, 3):                  # one at a time: the last one sent is a waiting one
+            sent.append(await send_attachment(h, "slow.pdf", slow, chat=alice(i)))
+            await _load(h, (1, i - 1))
+        gone = sent[-1]["event"]["message"]
+        status, _ = await h.post(make_recalled_event(gone["message_id"], chat_id=gone["chat_id"]))
+        assert status == 200
+        await _load(h, (1, 1))
+        for ev in sent[:2]:
+            assert "读不了" in (await reply_to(h, ev, 40)).text
+        await h.idle(timeout=30)
+        assert h.app.parse_pool.load() == (0, 0)
+        assert not [m for m in h.lark.messages() if m.reply_to == gone["message_id"]]
+        assert [e["event"] for e in logs.entries if e.get("event") == "reply.stopped_by_recall"
+                and e.get("message_id") == gone["message_id"]]
+        assert not [e for e in logs.entries if e.get("event") in ("dispatch.job_failed", "reply.failed")]
