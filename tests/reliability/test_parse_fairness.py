@@ -148,7 +148,7 @@ async def test_a_recalled_file_waiting_in_the_queue_leaves_it(tmp_path, logs):
     answered, the books end at (0, 0), no job failed."""
     from tests.fakes.lark_events import make_recalled_event
 
-    async with Harness(tmp_path, ethan_parse_timeout=3.0) as h:
+    async with Harness(tmp_path, ethan_parse_timeout=6.0) as h:
         _answer_all(h)
         await _warm_both_workers(h)
         slow = _slow_pdf()
@@ -159,7 +159,14 @@ async def test_a_recalled_file_waiting_in_the_queue_leaves_it(tmp_path, logs):
         gone = sent[-1]["event"]["message"]
         status, _ = await h.post(make_recalled_event(gone["message_id"], chat_id=gone["chat_id"]))
         assert status == 200
-        await _load(h, (1, 1))
+        end = time.monotonic() + 5
+        while not [e for e in logs.entries if e.get("event") == "reply.stopped_by_recall"]:
+            assert time.monotonic() < end, "the recall did not stop the answer"
+            await asyncio.sleep(0.02)
+        # At once, not when her first file ends (a worker handed on would also drop the count):
+        assert not [m for m in h.lark.messages() if m.reply_to in
+                    {e["event"]["message"]["message_id"] for e in sent}]
+        assert h.app.parse_pool.load() == (1, 1)
         for ev in sent[:2]:
             assert "读不了" in (await reply_to(h, ev, 40)).text
         await h.idle(timeout=30)
