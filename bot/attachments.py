@@ -235,7 +235,9 @@ async def _read(pool: "ParsePool", job: str, *args, kind: str, key: str = "") ->
     try:
         return await pool.run(job, *args, key=key)
     except ParseFailed as e:
-        raise AttachmentError(e.reason, e.detail, kind=kind, cause=e.cause) from None
+        # Refused for the queue: the line names whose files fill it (the operator's next question).
+        who = {"user_id": key} if e.cause in ("sender_queue", "queue_full") else {}
+        raise AttachmentError(e.reason, e.detail, kind=kind, cause=e.cause, **who) from None
 
 
 async def read_image(pool: "ParsePool", data: bytes, *, key: str = "") -> dict:

@@ -117,7 +117,7 @@ async def test_a_sender_past_her_queue_is_told_to_send_again_and_others_are_not(
         assert "还在读你之前发的文件" in reply.text, reply.text
         ev = by_mid[reply.reply_to]
         line = refused_line(logs, ev)
-        assert (line["reason"], line["cause"]) == ("busy", "sender_queue"), line
+        assert (line["reason"], line["cause"], line["user_id"]) == ("busy", "sender_queue", "ou_alice"), line
         assert line["message_id"] == ev["event"]["message"]["message_id"]
         assert await inbox_status(h, ev) == "done"
         bob = await send_attachment(h, "notes.txt", "鲍勃的小文件".encode(), chat=BOB)
