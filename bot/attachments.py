@@ -19,7 +19,7 @@ from typing import Awaitable, Callable
 from bot import readers
 from bot.inbound import Attachment, Inbound, Material
 from bot.parse_pool import ParseFailed, ParsePool
-from bot.stt import SpeechError, Transcriber
+from bot.stt import SpeechError, Transcriber, transcript_cap
 
 MAX_IMAGE_BYTES = 10 * 1024 * 1024     # Lark's own cap on an image message
 MAX_FILE_BYTES = 20 * 1024 * 1024      # past this a file's text is rarely what was meant
@@ -71,6 +71,13 @@ REASONS = {
                         "Sorry, speech recognition is unavailable just now — try again later, or type it?"),
     "stt_refused": ("抱歉，语音识别服务没有接受这条语音，可以打字告诉我吗？",
                     "Sorry, the speech recognition service did not accept that voice message — could you type it?"),
+    # The parse pool's queue (bot/parse_pool.py): this sender's own files fill it, or everyone's.
+    "busy": ("我还在读你之前发的文件，这个{what}先放下了，请等一会儿再发一次。",
+             "I'm still reading the files you sent before — please send this {what_en} again in a moment."),
+    "overloaded": ("我这会儿要读的文件太多了，请过一会儿再发一次这个{what}。",
+                   "I have too many files to read just now — please send this {what_en} again in a little while."),
+    "stt_too_long": ("语音识别服务返回的文字远远超出这条语音能说的长度，我没有采用。可以再发一次或者打字告诉我吗？",
+                     "The speech recognition service returned far more text than that voice message could hold, so I didn't use it — could you send it again or type it?"),
     "no_text": ("这个文件里没有我能读出的文字（可能是扫描件）。", "I found no text in that file (a scan, perhaps)."),
 }
 _WHAT = {"image": ("图片", "image"), "file": ("文件", "file"), "forward": ("合并转发的消息", "forwarded bundle"),
@@ -137,7 +144,7 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePo
                 got = await fetch(inbound, att)
                 if len(got.data) > MAX_IMAGE_BYTES:
                     raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="image")
-                block = await _read(pool, "image", got.data, kind="image")
+                block = await _read(pool, "image", got.data, kind="image", key=inbound.sender_id)
             except AttachmentError as e:
                 if inbound.message_type != "post":
                     raise
@@ -157,7 +164,8 @@ async def prepare(inbound: Inbound, fetch: Fetch, *, vision: bool, pool: ParsePo
             got = await fetch(inbound, att)
             if len(got.data) > MAX_FILE_BYTES:
                 raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="file")
-            text, cut = await _read(pool, "file", att.name, got.data, MAX_FILE_CHARS, kind="file")
+            text, cut = await _read(pool, "file", att.name, got.data, MAX_FILE_CHARS, kind="file",
+                                    key=inbound.sender_id)
             if not text.strip():
                 raise AttachmentError("no_text", att.name, kind="file")
             if cut:
@@ -201,14 +209,17 @@ async def _transcribe(inbound: Inbound, att: Attachment, fetch: Fetch, pool: Par
     got = await fetch(inbound, att)
     if len(got.data) > MAX_AUDIO_BYTES:
         raise AttachmentError("too_large", f"{len(got.data)} bytes", kind="audio")
-    info = await _read(pool, "audio", got.data, kind="audio")
+    info = await _read(pool, "audio", got.data, kind="audio", key=inbound.sender_id)
     seconds = max(float(info["seconds"]), att.seconds)
     if seconds > limit:
         raise AttachmentError("too_long", f"{seconds:.1f} s", kind="audio", limit_s=limit)
+    cap = transcript_cap(seconds)
     try:
-        text = await stt.transcribe(got.data, filename=f"voice.{info['ext']}", media_type=info["media_type"])
+        text = await stt.transcribe(got.data, filename=f"voice.{info['ext']}", media_type=info["media_type"],
+                                    max_chars=cap)
     except SpeechError as e:
-        raise AttachmentError(f"stt_{e.reason}", e.detail, kind="audio", status=e.status) from None
+        raise AttachmentError(f"stt_{e.reason}", e.detail, kind="audio", status=e.status,
+                              seconds=round(seconds, 1), max_chars=cap) from None
     text = text.strip()
     if not text:
         raise AttachmentError("no_speech", f"{seconds:.1f} s", kind="audio")
@@ -218,17 +229,21 @@ async def _transcribe(inbound: Inbound, att: Attachment, fetch: Fetch, pool: Par
 
 # -- reading: in the parse pool --------------------------------------------------------------
 
-async def _read(pool: "ParsePool", job: str, *args, kind: str) -> object:
-    """A reader's result from a parse worker; AttachmentError for every way it can fail."""
+async def _read(pool: "ParsePool", job: str, *args, kind: str, key: str = "") -> object:
+    """A reader's result from a parse worker; AttachmentError for every way it can fail.
+    ``key`` is the sender: the pool is fair between senders (bot/parse_pool.py)."""
     try:
-        return await pool.run(job, *args)
+        return await pool.run(job, *args, key=key)
     except ParseFailed as e:
-        raise AttachmentError(e.reason, e.detail, kind=kind, cause=e.cause) from None
+        # Refused for the queue: the line names whose files fill it (the operator's next question).
+        who = {"user_id": key} if e.cause in ("sender_queue", "queue_full") else {}
+        raise AttachmentError(e.reason, e.detail, kind=kind, cause=e.cause, **who) from None
 
 
-async def read_image(pool: "ParsePool", data: bytes) -> dict:
-    """An image block for ``data`` (see bot/readers.py read_image), read in the pool."""
-    return await _read(pool, "image", data, kind="image")
+async def read_image(pool: "ParsePool", data: bytes, *, key: str = "") -> dict:
+    """An image block for ``data`` (see bot/readers.py read_image), read in the pool on behalf
+    of ``key`` (the sender)."""
+    return await _read(pool, "image", data, kind="image", key=key)
 
 
 sniff_image = readers.sniff_image

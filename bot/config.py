@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     ethan_stt_base_url: str = ""
     ethan_stt_api_key: str = ""
     ethan_stt_max_seconds: float = Field(default=300.0, gt=0, le=3600)   # longer: a short answer
-    ethan_stt_timeout: float = Field(default=60.0, gt=0, le=600)         # per transcription (s)
+    ethan_stt_timeout: float = Field(default=60.0, gt=0, le=600)         # per whole transcription (s)
     ethan_host: str = "127.0.0.1"
     ethan_port: int = Field(default=8080, ge=0, le=65535)     # 0 = any free port (tests)
     ethan_console_token: str = ""

@@ -64,10 +64,10 @@ class LarkQuotes:
             author = await self.names.name(str(sender["id"]))
         when = epoch_seconds(str(item.get("create_time") or ""))
         iso = dt.datetime.fromtimestamp(when, dt.timezone.utc).isoformat(timespec="seconds") if when else ""
-        text, images = await self._content(mid, item)
+        text, images = await self._content(mid, item, inbound.sender_id)
         return Quote(source=mid, author=author, when=iso, text=text, images=images)
 
-    async def _content(self, mid: str, item: dict) -> tuple[str, tuple[dict, ...]]:
+    async def _content(self, mid: str, item: dict, sender: str) -> tuple[str, tuple[dict, ...]]:
         msg_type = str(item.get("msg_type") or "")
         content = message_content(item)
         if msg_type == "text":
@@ -83,7 +83,7 @@ class LarkQuotes:
                 return f"[图片 image {key} — 当前模型不支持看图 / this model cannot see images]", ()
             try:
                 raw, _ = await self.api.download(mid, key, kind="image", max_bytes=MAX_IMAGE_BYTES)
-                return f"[图片 image {key}]", (await read_image(self.pool, raw),)
+                return f"[图片 image {key}]", (await read_image(self.pool, raw, key=sender),)
             except (LarkApiError, ResourceTooLarge, AttachmentError) as e:
                 log.info("quote.image_unreadable", parent_id=mid, error=str(e)[:200])
                 return f"[图片 image {key} — 无法读取 / could not be read]", ()

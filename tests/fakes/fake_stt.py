@@ -5,7 +5,11 @@ a multipart form with ``file`` (the audio, with its filename and content type) a
 ``response_format`` json → ``{"text": …}``. The fake checks the bearer key when given one,
 records every request (model, filename, content type, the bytes), and answers from
 ``transcripts`` keyed by the audio's bytes (``add``) — unknown audio: ``default``.
-``fail_next(status)`` answers one request with an OpenAI-shaped error.
+``fail_next(status)`` answers one request with an OpenAI-shaped error. Hostile servers
+(issue 45, N9): a transcript of any length (``add``; the body is UTF-8 JSON, not ``\\u``
+escapes, as OpenAI sends it), and ``trickle(every, n)``: the answer's headers at once, then
+one byte every ``every`` seconds (``n`` spaces before the JSON, which JSON allows); ``sent``
+counts the body bytes written (a large body in 64 KB pieces, each after the socket took the last).
 
     with FakeSTT(api_key="sk-stt") as stt:
         stt.add(audio_bytes, "明天下午三点开会")
@@ -14,7 +18,9 @@ records every request (model, filename, content type, the bytes), and answers fr
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import struct
 import threading
 from dataclasses import dataclass
@@ -42,6 +48,8 @@ class FakeSTT(ThreadedAiohttpServer):
         self.requests: list[Transcription] = []
         self._texts: dict[str, str] = {}
         self._fail: list[int] = []
+        self._trickle: tuple[float, int] | None = None
+        self.sent = 0
         self._lock = threading.Lock()
 
     @property
@@ -55,6 +63,10 @@ class FakeSTT(ThreadedAiohttpServer):
     def fail_next(self, status: int) -> None:
         with self._lock:
             self._fail.append(status)
+
+    def trickle(self, every: float, n: int = 60) -> None:
+        with self._lock:
+            self._trickle = (every, n)
 
     def _build_app(self) -> web.Application:
         app = web.Application(client_max_size=32 * 1024 * 1024)
@@ -93,7 +105,32 @@ class FakeSTT(ThreadedAiohttpServer):
             return self._error(fail, "fake failure", "server_error" if fail >= 500 else "invalid_request_error")
         if rec.response_format == "text":
             return web.Response(text=text, content_type="text/plain")
-        return web.json_response({"text": text})
+        body = json.dumps({"text": text}, ensure_ascii=False).encode()
+        if self._trickle is None and len(body) <= 1 << 20:
+            self.sent += len(body)
+            return web.json_response(body=body)
+        # Large or slow: written in pieces, each waiting for the socket, so ``sent`` stops near
+        # where the client stopped reading (plus the sockets' buffers).
+        every, n = self._trickle or (0.0, 0)
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        try:
+            if not n:
+                for i in range(0, len(body), 1 << 16):
+                    await resp.write(body[i:i + (1 << 16)])
+                    self.sent += len(body[i:i + (1 << 16)])
+                await resp.write_eof()
+                return resp
+            for _ in range(n):
+                await resp.write(b" ")
+                self.sent += 1
+                await asyncio.sleep(every)
+            await resp.write(body)
+            self.sent += len(body)
+            await resp.write_eof()
+        except ConnectionError:
+            pass                         # the client hung up: what it was waiting for
+        return resp
 
 
 # -- audio the tests send ------------------------------------------------------------------------
