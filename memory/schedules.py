@@ -220,8 +220,8 @@ class ScheduleStore:
         (its lease expired and another replica took it over): nothing is recorded."""
         try:
             # Off the loop and bounded (memory/recurrence.py): one walk, however many are skipped.
-            nxt, skipped = await asyncio.to_thread(next_skipping, job.dtstart, job.tz, job.rrule, due_at,
-                                                   skip_until)
+            nxt, skipped = (await asyncio.to_thread(next_skipping, job.dtstart, job.tz, job.rrule, due_at,
+                                                    skip_until) if job.rrule else (None, 0))
         except RecurrenceError as e:    # a rule stored before it was vetted: it ends here, said why
             nxt, skipped = None, 0
             detail = (detail + f"; no next occurrence found ({str(e)[:200]})").lstrip("; ")

@@ -12,7 +12,10 @@ import asyncio
 import os
 import sys
 
+from typing import Annotated
+
 from mcp.server.fastmcp import Context, FastMCP
+from pydantic import Field
 from mcp.types import ToolAnnotations
 
 READ = ToolAnnotations(readOnlyHint=True)
@@ -56,6 +59,12 @@ async def grow(ctx: Context) -> str:
     server.add_tool(lambda: "extra!", name="extra", description="An extra tool", annotations=READ)
     await ctx.session.send_tool_list_changed()
     return "grown"
+
+
+@server.tool(annotations=READ)
+def code_lookup(code: Annotated[str, Field(pattern=r"^(a+)+$")]) -> str:
+    """Look a code up (the schema's pattern backtracks without bound in Python's re)."""
+    return f"code {code}"
 
 
 if __name__ == "__main__":
