@@ -148,12 +148,15 @@ def _walk(start: datetime, rule: str, end: datetime, *, limit: int = SCAN_LIMIT,
         real = rrulestr(rule, dtstart=start)
     except (ValueError, TypeError, OverflowError) as e:
         raise RecurrenceError(f"not an RFC 5545 RRULE: {rule!r} ({e})") from e
-    s = _shift(start.year, end.year) if end.year < datetime.max.year - 2 else 0
+    last = max(start.year, end.year)
+    s = _shift(start.year, last) if last < datetime.max.year - 2 else 0
     rr = real
     if s:
         until = real._until             # noqa: SLF001 - dateutil has no accessor; UTC when set
         if until is not None:
-            until = _moved(until.astimezone(start.tzinfo), s)     # same tzinfo: compared by wall time
+            until = until.astimezone(start.tzinfo)
+            # same tzinfo: compared by wall time; one past the window is cut by ``end`` anyway
+            until = _moved(until, s) if until.year <= last else None
         rr = real.replace(dtstart=_moved(start, s), until=until)
     t0 = time.monotonic()
     for n, occ in enumerate(rr, 1):
