@@ -254,14 +254,16 @@ def vet(dtstart: str, tz: str, rule: str, now: float, *, horizon_s: float, min_g
     last = datetime.fromtimestamp(now + horizon_s, tz=z)
     end = datetime.fromtimestamp(now + horizon_s + gap_window_s, tz=z)
     first: datetime | None = None
-    prev: float | None = None
+    prev: tuple[float, datetime] | None = None
     seen = False
     for occ in _walk(start, rule, end):
         t = occ.timestamp()
-        if prev is not None and t - prev < min_gap_s:
+        # Apart in real time or on the owner's clock: the hour a DST change skips makes an hourly
+        # rule's 02:00 the same instant as its 03:00 (sent once) — the zone's doing, not the rule's.
+        if prev is not None and max(t - prev[0], (occ.replace(tzinfo=None) - prev[1]).total_seconds()) < min_gap_s:
             raise TooOften(f"{rule} repeats more often than hourly: {occ.isoformat(' ', 'seconds')} comes "
-                           f"{int(t - prev)} s after the one before")
-        prev = t
+                           f"{int(t - prev[0])} s after the one before")
+        prev = (t, occ.replace(tzinfo=None))
         seen = True
         if first is None and occ >= pivot:
             if occ > last:

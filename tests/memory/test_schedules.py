@@ -255,3 +255,16 @@ async def test_a_stored_rule_that_never_occurs_again_ends_without_holding_the_lo
     job = await store.get(c.id)
     assert job.state == "done" and job.next_due is None
     assert max(gaps, default=0) < 3.0, max(gaps)         # before: the whole walk to 9999 on the loop
+
+
+def test_an_hourly_rule_stays_hourly_across_a_dst_change():
+    """The hour a spring DST change skips makes an hourly rule's 02:00 the same instant as its
+    03:00 (the scheduler sends it once): the zone's doing, not the rule's — accepted. Measured
+    in real time only, it was refused as "0 s after the one before" in every DST zone."""
+    from memory.recurrence import TooOften, vet
+
+    for tz in ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe"):
+        for rule in ("FREQ=HOURLY", "FREQ=DAILY;BYHOUR=2,3", "FREQ=MINUTELY;INTERVAL=60"):
+            assert vet("2026-03-20T09:00", tz, rule, T0, horizon_s=366 * 86400).first is not None, (tz, rule)
+        with pytest.raises(TooOften):
+            vet("2026-03-20T09:00", tz, "FREQ=DAILY;BYHOUR=9;BYMINUTE=0,30", T0, horizon_s=366 * 86400)
