@@ -6,7 +6,8 @@ RFC 5545 RRULE; the product checks it — a real time and rule, not in the past,
 horizon (``ETHAN_REMINDER_HORIZON_DAYS``), occurring at all, no two occurrences less than an
 hour apart (its real occurrences, not its FREQ), at most ``ETHAN_REMINDERS_PER_USER`` active per
 user and ``ETHAN_REMINDERS_PER_CHAT`` per chat — and refuses with a sentence the model can pass
-on (and one ``reminder.refused`` line). Whose reminder it is comes from the event (the scope), never from the model's arguments.
+on (and one ``reminder.refused`` line). Whose reminder it is comes from the event (the scope),
+never from the model's arguments.
 """
 
 from __future__ import annotations
