@@ -8,6 +8,15 @@ scheduler calls the Lark sender; the send itself is Lark's). Idle CPU: the proce
 as a share of one core, and how many times it woke up.
 
     python -m bench.bench_reminders [--quick]      # target: p99 < 1 s at 10,000 pending
+    python -m bench.bench_reminders --hostile      # another chat's ack while a hostile rule is checked
+
+``--hostile`` (issue 45 N1): ``ethan serve`` behind the fakes; the fake model answers one chat's
+message with ``schedule_message`` and a hostile RRULE (one that never occurs, in three forms)
+or a plain weekly one, and 0.2 s after that call another chat sends 50 events at 10 a second
+(open loop, as Lark sends). Reported: that chat's acknowledgement p50 / max (Lark allows 3 s),
+how long the tool call took (model's tool call → its result back at the model) and what the
+user was told. Run it in this tree and in a worktree of the baseline (the same file copied
+there) for the before / after table in bench/README.md.
 """
 
 from __future__ import annotations
@@ -101,5 +110,79 @@ def run(quick: bool = False) -> list[str]:
             "at the next due time or every 30 s (to see jobs other replicas stored)."]
 
 
+# ---- a hostile rule and another chat's acknowledgement (issue 45 N1) ------------------------
+
+HOSTILE_RULES = (("weekly (control)", "FREQ=WEEKLY;BYDAY=MO"),
+                 ("never, HOURLY", "FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30"),
+                 ("never, DAILY", "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=30"),
+                 ("never, HOURLY + BY lists", "FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30;BYHOUR=1,2;BYMINUTE=1,2,3;BYSECOND=1,2"))
+
+
+def _hostile_one(rule: str) -> dict:
+    import threading
+
+    from bench.common import Fakes, Server, post_at_rate, signed_request, temp_home
+    from tests.fakes.fake_anthropic import Text, ToolUse, last_user_text, tool_results
+
+    called, answered = threading.Event(), {}
+
+    def responder(req: dict):
+        results = tool_results(req)
+        if results:
+            content = results[0].get("content")
+            text = content if isinstance(content, str) else " ".join(b.get("text", "") for b in content or [])
+            answered.setdefault("at", time.monotonic())
+            answered.setdefault("text", text)
+            return Text("ok")
+        if "rule:" in last_user_text(req):
+            called.set()
+            answered["called"] = time.monotonic()
+            at = time.strftime("%Y-%m-%dT09:00", time.gmtime(time.time() + 2 * 86400))
+            return ToolUse("schedule_message", {"text": "ping", "at": at, "rrule": rule})
+        return Text("hello")
+
+    with temp_home() as home, Fakes() as fakes:
+        fakes.model.responder = responder
+        server = Server(home, fakes, ethan_shutdown_deadline="0.5", ethan_timezone="UTC")
+        server.launch()
+        try:
+            server.wait_healthy()
+            url = server.url + "/lark/events"
+            asyncio.run(post_at_rate(url, [signed_request("hello", chat_id="oc_p2p_warm", sender="ou_warm")], 1))
+            fakes.lark.wait_delivered(1, 30)
+            asyncio.run(post_at_rate(url, [signed_request("remind me rule:x", chat_id="oc_p2p_hostile",
+                                                          sender="ou_hostile")], 1))
+            called.wait(30)
+            time.sleep(0.2)
+            others = [signed_request(f"message {i}", chat_id="oc_p2p_other", sender="ou_other") for i in range(50)]
+            lat, statuses = asyncio.run(post_at_rate(url, others, 10.0))
+            deadline = time.monotonic() + 60
+            while "at" not in answered and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            server.stop()
+    lat = sorted(lat)
+    text = answered.get("text", "")
+    told = ("refused: never occurs" if "no occurrence" in text else "refused: hourly" if "hourly" in text
+            else "refused: past" if "in the past" in text else "scheduled" if "scheduled reminder" in text
+            else (text[:40] or "no answer"))
+    return {"p50": percentile(lat, 50), "max": lat[-1], "ok": sum(s == 200 for s in statuses), "n": len(others),
+            "tool_s": answered.get("at", float("nan")) - answered.get("called", float("nan")), "told": told}
+
+
+def hostile() -> list[str]:
+    rows = []
+    for name, rule in HOSTILE_RULES:
+        r = _hostile_one(rule)
+        rows.append((name, f"{r['ok']}/{r['n']}", ms(r["p50"]), ms(r["max"]), f"{r['tool_s']:.2f}", r["told"]))
+    return [*table(("rule", "other chat acked", "ack p50 (ms)", "ack max (ms)", "tool call (s)", "user told"), rows),
+            "",
+            "Another chat's 50 events at 10/s start 0.2 s after the model's schedule_message call; "
+            "Lark re-sends an event not acknowledged within 3 s."]
+
+
 if __name__ == "__main__":
-    print("\n".join(run("--quick" in sys.argv)))
+    if "--hostile" in sys.argv:
+        print("\n".join(hostile()))
+    else:
+        print("\n".join(run("--quick" in sys.argv)))

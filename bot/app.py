@@ -226,7 +226,8 @@ class EthanApp:
         self.schedules = ScheduleStore(self.db, owner=s.replica_id or None, clock=lease_clock)
         self.zones = UserZones(None, profile, s.ethan_timezone)     # Lark's contact API once connected
         self.reminders = Reminders(self.schedules, self.zones, Limits(
-            per_user=s.ethan_reminders_per_user, horizon_days=s.ethan_reminder_horizon_days,
+            per_user=s.ethan_reminders_per_user, per_chat=s.ethan_reminders_per_chat,
+            horizon_days=s.ethan_reminder_horizon_days,
             grace_hours=s.ethan_reminder_grace_hours), wake=lambda: self.scheduler and self.scheduler.wake())
         self.tools.add(ReminderTools(self.reminders))      # schedule_message, list_schedules, cancel_schedule
         self.commands = Commands(CommandDeps(memory=self.memory, is_admin=s.is_admin,

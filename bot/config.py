@@ -131,6 +131,8 @@ class Settings(BaseSettings):
     ethan_timezone: str = "Asia/Shanghai"
     ethan_reminder_grace_hours: float = Field(default=6.0, ge=0, le=24 * 30)
     ethan_reminders_per_user: int = Field(default=50, ge=1, le=10_000)
+    # every member's together: a group's hourly reminders are at most this many an hour
+    ethan_reminders_per_chat: int = Field(default=30, ge=1, le=10_000)
     ethan_reminder_horizon_days: int = Field(default=366, ge=1, le=3660)
 
     # Tuning (documented in .env.example; defaults are what a new user wants)

@@ -3,13 +3,16 @@
 
 The model gives an ISO time (the user's local time, or one with an offset) and optionally an
 RFC 5545 RRULE; the product checks it — a real time and rule, not in the past, not beyond the
-horizon (``ETHAN_REMINDER_HORIZON_DAYS``), no more often than hourly, at most
-``ETHAN_REMINDERS_PER_USER`` active per user — and refuses with a sentence the model can pass
-on. Whose reminder it is comes from the event (the scope), never from the model's arguments.
+horizon (``ETHAN_REMINDER_HORIZON_DAYS``), occurring at all, no two occurrences less than an
+hour apart (its real occurrences, not its FREQ), at most ``ETHAN_REMINDERS_PER_USER`` active per
+user and ``ETHAN_REMINDERS_PER_CHAT`` per chat — and refuses with a sentence the model can pass
+on (and one ``reminder.refused`` line). Whose reminder it is comes from the event (the scope),
+never from the model's arguments.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -17,12 +20,12 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from bot.log import get_logger
-from memory.recurrence import RecurrenceError, check_rrule, local_iso, next_after, parse_local
+from memory.recurrence import (RecurrenceError, SearchTooLong, TooOften, Verdict, check_rrule, local_iso,
+                               parse_local, vet)
 from memory.schedules import Schedule, ScheduleStore, TooManySchedules
 from memory.scope import Scope
 
 log = get_logger("ethan.reminders")
-TOO_OFTEN = ("SECONDLY", "MINUTELY")
 
 
 class ReminderRefused(ValueError):
@@ -57,6 +60,7 @@ class CancelScheduleInput(BaseModel):
 @dataclass(frozen=True, slots=True)
 class Limits:
     per_user: int = 50
+    per_chat: int = 30
     horizon_days: int = 366
     grace_hours: float = 6.0
 
@@ -72,34 +76,63 @@ class Reminders:
 
     async def schedule(self, scope: Scope, args: ScheduleMessageInput, *, session_id: str = "") -> Schedule:
         tz = await self.zones.zone_of(scope.user_id)
+        now = self.clock()
         try:
             start = parse_local(args.at, tz)
-            rule = check_rrule(args.rrule)
+            dtstart = start.replace(tzinfo=None).isoformat(timespec="minutes" if start.second == 0 else "seconds")
+            # The rule is the model's text: checked by its real occurrences, in a bounded walk
+            # off the loop (memory/recurrence.py) — never dateutil's search to the year 9999 here.
+            verdict = await asyncio.to_thread(self._vet, dtstart, tz, args.rrule, now)
+        except TooOften as e:
+            raise self._refused(scope, "too_often", "refused: a reminder may repeat at most hourly — "
+                                f"{e}", rrule=args.rrule) from e
+        except SearchTooLong as e:
+            raise self._refused(scope, "too_complex", f"refused: the rule {args.rrule!r} takes too long to "
+                                "work out; give a simpler one", rrule=args.rrule) from e
         except RecurrenceError as e:
-            raise ReminderRefused(f"refused: {e}") from e
-        if any(f"FREQ={f}" in rule.upper() for f in TOO_OFTEN):
-            raise ReminderRefused("refused: a reminder may repeat at most hourly")
-        now = self.clock()
-        dtstart = start.replace(tzinfo=None).isoformat(timespec="minutes" if start.second == 0 else "seconds")
-        first = next_after(dtstart, tz, rule, now, inclusive=True)
-        if first is None or (not rule and start.timestamp() <= now):
-            raise ReminderRefused(f"refused: {args.at} ({tz}) is in the past — it is now "
-                                  f"{local_iso(now, tz)}; ask for a time in the future")
-        horizon = now + self.limits.horizon_days * 86400
-        if first > horizon:
-            raise ReminderRefused(f"refused: {args.at} is more than {self.limits.horizon_days} days ahead "
-                                  f"(the limit)")
+            raise self._refused(scope, "invalid", f"refused: {e}", rrule=args.rrule) from e
+        rule, v = verdict
+        if v.past or (v.first is None and not rule):
+            raise self._refused(scope, "past", f"refused: {args.at} ({tz}) is in the past — it is now "
+                                f"{local_iso(now, tz)}; ask for a time in the future")
+        if v.too_far:
+            raise self._refused(scope, "too_far", f"refused: {args.at} is more than {self.limits.horizon_days} "
+                                "days ahead (the limit)")
+        if v.first is None:
+            raise self._refused(scope, "never", f"refused: the rule {rule} has no occurrence in the "
+                                f"{self.limits.horizon_days} days from now (a date that does not exist, "
+                                "e.g. BYMONTHDAY=30 with BYMONTH=2, never comes); check it", rrule=rule)
         try:
             job = await self.store.add(owner_id=scope.user_id, chat_id=scope.chat_id, chat_type=scope.chat_type,
                                        text=args.text, tz=tz, dtstart=dtstart, rrule=rule, use_model=args.compose,
-                                       session_id=session_id, max_active=self.limits.per_user)
+                                       session_id=session_id, max_active=self.limits.per_user,
+                                       max_in_chat=self.limits.per_chat, first=v.first)
         except TooManySchedules as e:
-            raise ReminderRefused(f"refused: you already have {e.limit} active reminders (the limit); "
-                                  f"cancel one first (/reminders)") from e
+            if e.scope == "chat":
+                raise self._refused(scope, "chat_limit", f"refused: this chat already has {e.limit} active "
+                                    "reminders (the limit); cancel one first (/reminders)") from e
+            raise self._refused(scope, "user_limit", f"refused: you already have {e.limit} active reminders "
+                                "(the limit); cancel one first (/reminders)") from e
         log.info("reminder.scheduled", schedule_id=job.id, chat_id=scope.chat_id, user_id=scope.user_id,
                  next_due=job.next_due, recurring=bool(rule), tz=tz)
         self.wake()
         return job
+
+    def _vet(self, dtstart: str, tz: str, rrule: str, now: float) -> tuple[str, Verdict]:
+        """In a worker thread: the rule's form, then its occurrences (bounded)."""
+        rule = check_rrule(rrule)
+        start = parse_local(dtstart, tz).timestamp()
+        if rule and start < now - self.limits.horizon_days * 86400:
+            # the walk starts at the start: a start decades back is a long walk for nothing
+            raise RecurrenceError(f"the first time {dtstart} is more than {self.limits.horizon_days} days "
+                                  "in the past; give a recent one")
+        return rule, vet(dtstart, tz, rule, now, horizon_s=self.limits.horizon_days * 86400)
+
+    @staticmethod
+    def _refused(scope: Scope, reason: str, sentence: str, **extra) -> ReminderRefused:
+        log.info("reminder.refused", chat_id=scope.chat_id, user_id=scope.user_id, reason=reason,
+                 **{k: str(v)[:300] for k, v in extra.items()})
+        return ReminderRefused(sentence)
 
     async def list(self, scope: Scope, *, chat: bool = False) -> list[Schedule]:
         """The user's own active reminders; ``chat`` (an admin): this chat's, everyone's."""

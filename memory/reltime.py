@@ -32,29 +32,39 @@ _ZH = re.compile(
     r"|(?P<day>大前天|前天|昨天|昨日|今天|明天|大后天|后天)" + _ALREADY +
     r"|(?P<month>上个月|这个月|本月|下个月)" + _ALREADY +
     r"|(?P<year>去年|今年|明年|前年)" + _ALREADY +
-    r"|(?P<ago>(?P<n>\d+|[一两二三四五六七八九十])(?P<unit>天|周|个星期|个月|年)前)" + _ALREADY)
+    # (?<!\d) and at most 4 digits: a number starts where its digits do — with a bare \d+ a run
+    # of 20,000 digits was tried from each of its digits (quadratic: 4.8 s on the loop), and
+    # "99999999999天前" overflowed the date arithmetic (issue 45 sweep).
+    r"|(?P<ago>(?<!\d)(?P<n>\d{1,4}|[一两二三四五六七八九十])(?P<unit>天|周|个星期|个月|年)前)" + _ALREADY)
 _EN = re.compile(
     r"\b(?:(?P<rel>last|this|next|on)\s+(?P<wd>monday|tuesday|wednesday|thursday|friday|saturday|sunday))\b" + _ALREADY +
     r"|\b(?P<day>the day before yesterday|the day after tomorrow|yesterday|today|tomorrow)\b" + _ALREADY +
     r"|\b(?P<per>(?P<prel>last|next)\s+(?P<unit>week|month|year))\b" + _ALREADY +
-    r"|\b(?P<ago>(?P<n>\d+|one|a|two|three|four|five|six|seven|eight|nine|ten)\s+(?P<aunit>days?|weeks?|months?|years?)\s+ago)\b"
+    r"|\b(?P<ago>(?P<n>\d{1,4}|one|a|two|three|four|five|six|seven|eight|nine|ten)\s+(?P<aunit>days?|weeks?|months?|years?)\s+ago)\b"
     + _ALREADY, re.I)
 _ZH_NUM = {"一": 1, "两": 2, "二": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9, "十": 10}
 
 
 def _month(day: dt.date, delta: int) -> str:
     m = day.month - 1 + delta
-    return f"{day.year + m // 12:04d}-{m % 12 + 1:02d}"
+    return f"{day.year + m // 12:04d}-{m % 12 + 1:02d}" if day.year + m // 12 >= 1 else ""
 
 
 def _ago(day: dt.date, n: int, unit: str) -> str:
+    try:
+        return _ago_of(day, n, unit)
+    except OverflowError:       # before the year 1: left as said
+        return ""
+
+
+def _ago_of(day: dt.date, n: int, unit: str) -> str:
     if unit.startswith(("天", "day")):
         return (day - dt.timedelta(days=n)).isoformat()
     if unit.startswith(("周", "个星期", "week")):
         return (day - dt.timedelta(weeks=n)).isoformat()
     if unit.startswith(("个月", "month")):
         return _month(day, -n)
-    return f"{day.year - n:04d}"
+    return f"{day.year - n:04d}" if day.year - n >= 1 else ""
 
 
 def _zh(m: re.Match, day: dt.date) -> str:

@@ -17,22 +17,24 @@ record per occurrence whatever happens.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from memory.leases import default_replica_id
 from storage import dialect_of, serialize
-from memory.recurrence import next_after
+from memory.recurrence import RecurrenceError, next_after, next_skipping
 
 LEASE_SECONDS = 120.0        # longer than a model-written delivery's deadline
 STATES = ("active", "done", "cancelled", "stopped")
 
 
 class TooManySchedules(ValueError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"at most {limit} active reminders per user")
+    def __init__(self, limit: int, scope: str = "user") -> None:
+        super().__init__(f"at most {limit} active reminders per {scope}")
         self.limit = limit
+        self.scope = scope          # "user" | "chat"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,20 +91,23 @@ class ScheduleStore:
     # -- writing jobs ---------------------------------------------------------------
     async def add(self, *, owner_id: str, chat_id: str, chat_type: str, text: str, tz: str, dtstart: str,
                   rrule: str = "", use_model: bool = False, session_id: str = "",
-                  max_active: int | None = None) -> Schedule:
+                  max_active: int | None = None, max_in_chat: int | None = None,
+                  first: float | None = None) -> Schedule:
         """Store a job; its first occurrence is at or after ``dtstart`` (the caller checked it
-        is in the future). ``max_active``: refused (TooManySchedules) when the owner already
-        has that many active jobs — counted in the same write transaction, so two concurrent
-        adds cannot both pass."""
-        first = next_after(dtstart, tz, rrule, self.clock(), inclusive=True)
+        is in the future; ``first``: the occurrence it found, else it is looked for here, off
+        the loop). ``max_active`` / ``max_in_chat``: refused (TooManySchedules) when the owner /
+        the chat already has that many active jobs — counted in the same write transaction, so
+        two concurrent adds cannot both pass."""
+        if first is None:
+            first = await asyncio.to_thread(next_after, dtstart, tz, rrule, self.clock(), inclusive=True)
         if first is None:
             raise ValueError("the schedule has no occurrence in the future")
         job_id = await self.db.write(_add, dict(
             owner_id=owner_id, session_id=session_id, chat_id=chat_id, chat_type=chat_type, text=text,
             use_model=int(bool(use_model)), tz=tz, dtstart=dtstart, rrule=rrule, next_due=first,
-            now=self.clock()), max_active)
-        if job_id is None:
-            raise TooManySchedules(int(max_active or 0))
+            now=self.clock()), max_active, max_in_chat)
+        if isinstance(job_id, TooManySchedules):
+            raise job_id
         job = await self.get(job_id)
         assert job is not None
         return job
@@ -213,11 +218,13 @@ class ScheduleStore:
         it are skipped too (counted in the detail) — a long outage leaves one record, not one
         per missed hour. False when this replica no longer held the claim on that occurrence
         (its lease expired and another replica took it over): nothing is recorded."""
-        nxt = next_after(job.dtstart, job.tz, job.rrule, due_at) if job.rrule else None
-        skipped = 0
-        while nxt is not None and skip_until is not None and nxt < skip_until and skipped < 10_000:
-            skipped += 1
-            nxt = next_after(job.dtstart, job.tz, job.rrule, nxt)
+        try:
+            # Off the loop and bounded (memory/recurrence.py): one walk, however many are skipped.
+            nxt, skipped = (await asyncio.to_thread(next_skipping, job.dtstart, job.tz, job.rrule, due_at,
+                                                    skip_until) if job.rrule else (None, 0))
+        except RecurrenceError as e:    # a rule stored before it was vetted: it ends here, said why
+            nxt, skipped = None, 0
+            detail = (detail + f"; no next occurrence found ({str(e)[:200]})").lstrip("; ")
         if skipped:
             detail = (detail + f"; {skipped} later occurrence(s) skipped too").lstrip("; ")
         return await self.db.write(_finish, job.id, self.owner, due_at, status, nxt, self.clock(),
@@ -239,13 +246,21 @@ class ScheduleStore:
             "UPDATE schedules SET claim_owner = NULL, lease_until = 0 WHERE claim_owner = ?", (self.owner,))
 
 
-def _add(conn: Any, row: dict, max_active: int | None) -> int | None:
+def _add(conn: Any, row: dict, max_active: int | None, max_in_chat: int | None = None) -> int | TooManySchedules:
+    # The counts and the insert: one add per chat and per user at a time. Two locks, always
+    # chat then user (the only unit that takes a "chat" lock), so two adds cannot deadlock.
+    if max_in_chat is not None:
+        serialize(conn, "chat", row["chat_id"])
+        n = conn.execute("SELECT COUNT(*) FROM schedules WHERE chat_id = ? AND state = 'active'",
+                         (row["chat_id"],)).fetchone()[0]
+        if n >= max_in_chat:
+            return TooManySchedules(max_in_chat, "chat")
     if max_active is not None:
-        serialize(conn, "user", row["owner_id"])   # the count and the insert: one user at a time
+        serialize(conn, "user", row["owner_id"])
         n = conn.execute("SELECT COUNT(*) FROM schedules WHERE owner_id = ? AND state = 'active'",
                          (row["owner_id"],)).fetchone()[0]
         if n >= max_active:
-            return None
+            return TooManySchedules(max_active, "user")
     cur = conn.execute(
         "INSERT INTO schedules(owner_id, session_id, chat_id, chat_type, text, use_model, tz, dtstart, rrule,"
         " next_due, state, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,'active',?,?)",

@@ -22,6 +22,7 @@ Nothing in the loop knows which provider a tool came from (bot/agent/loop.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -205,9 +206,9 @@ class ToolRegistry:
         try:
             cls = jsonschema.validators.validator_for(tool.input_schema)
             cls.check_schema(tool.input_schema)
-            validator = cls(tool.input_schema)
-        except jsonschema.SchemaError:
-            validator = None   # a server's own bad schema: let the server judge the arguments
+            validator = _without_regexes(cls)(tool.input_schema)
+        except (jsonschema.SchemaError, RecursionError):
+            validator = None   # a server's own bad (or absurdly deep) schema: the server judges the arguments
         self._validators[tool.name] = (tool.input_schema, validator)
         return validator
 
@@ -217,6 +218,29 @@ class ToolRegistry:
         return ToolOutcome(tid, name, fence_material(Material(kind="tool", source=name,
                                                                      text=cap(text, self.max_result_chars))),
                            outcome != "ok")
+
+
+def _skip(validator, value, instance, schema):
+    return iter(())
+
+
+def _additional_without_patterns(original):
+    def check(validator, aP, instance, schema):
+        if "patternProperties" in schema:      # which names are "additional" is a regex question
+            return iter(())
+        return original(validator, aP, instance, schema)
+    return check
+
+
+@functools.lru_cache(maxsize=None)
+def _without_regexes(cls):
+    """``cls`` with the schema's regular expressions (``pattern``, ``patternProperties``) not
+    run here: an MCP server writes them, the model's (a user's) arguments meet them, and
+    Python's ``re`` backtracks without bound on the event loop — ``^(a+)+$`` against 27 a's
+    and a "!" held it ~10 s (issue 45 sweep). The server checks its own patterns."""
+    return jsonschema.validators.extend(cls, validators={
+        "pattern": _skip, "patternProperties": _skip,
+        "additionalProperties": _additional_without_patterns(cls.VALIDATORS["additionalProperties"])})
 
 
 __all__ = ["ToolDef", "ToolProvider", "ToolPolicy", "ToolRegistry", "Offer", "cap",

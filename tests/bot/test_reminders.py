@@ -73,3 +73,75 @@ async def test_past_far_frequent_malformed_and_over_the_limit_are_refused_clearl
 def test_a_zone_is_read_from_the_profile_text():
     assert zone_in_text("## 基本信息\n- 时区: Europe/Berlin\n") == "Europe/Berlin"
     assert zone_in_text("lives in Asia/Nowhere") == ""
+
+
+# -- issue 45 N1, N7: rules the model (a user) writes -----------------------------------------
+
+async def test_a_rule_that_never_occurs_is_refused_and_the_loop_is_not_held(db):
+    import asyncio
+    import time
+
+    ctx = _ctx(db); r = ctx[1]
+    gaps: list[float] = []
+
+    async def ticker():
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    t = asyncio.get_running_loop().create_task(ticker())
+    await asyncio.sleep(0.05)             # the ticker is running before the call
+    try:
+        out = await _call(ctx, "schedule_message", text="x", at="2026-03-21T09:00",
+                          rrule="FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30")
+        await asyncio.sleep(0.05)         # the ticker's turn after the call: a held loop shows as a gap
+    finally:
+        t.cancel()
+    assert out.is_error and "no occurrence in the 366 days" in out.content, out.content
+    assert await r.store.count_active("ou_alice") == 0
+    # the loop went on meanwhile: before, it was held for the whole walk to the year 9999 (7-16 s)
+    assert max(gaps, default=0) < 3.0, max(gaps)
+
+
+async def test_more_often_than_hourly_is_judged_by_the_real_occurrences(db):
+    ctx = _ctx(db); r = ctx[1]
+    refused = {
+        "FREQ=HOURLY;BYMINUTE=" + ",".join(map(str, range(60))): "",           # a message a minute
+        "FREQ=HOURLY;BYSECOND=0,30": "",
+        "FREQ=DAILY;BYHOUR=9;BYMINUTE=0,30": "1800 s",                         # twice within the hour
+        "FREQ=DAILY;BYHOUR=0,23;BYMINUTE=0,30;BYSETPOS=1,-1": "1800 s",        # 23:30, then 00:00
+        "FREQ=MINUTELY": "", "FREQ=SECONDLY;INTERVAL=60": "",
+    }
+    for rule, says in refused.items():
+        out = await _call(ctx, "schedule_message", text="x", at="2026-03-21T09:00", rrule=rule)
+        assert out.is_error and "at most hourly" in out.content and says in out.content, (rule, out.content)
+    for rule in ("FREQ=MINUTELY;INTERVAL=90", "FREQ=HOURLY;BYMINUTE=15", "FREQ=DAILY;BYHOUR=9,10",
+                 "FREQ=DAILY;BYHOUR=0,23;BYMINUTE=0"):
+        out = await _call(ctx, "schedule_message", text="x", at="2026-03-21T09:00", rrule=rule)
+        assert not out.is_error, (rule, out.content)
+    assert await r.store.count_active("ou_alice") == 4
+
+
+async def test_a_chat_holds_at_most_its_cap_of_reminders_whoever_set_them(db):
+    group = dict(chat_id="oc_team", chat_type="group")
+    alice, bob, carol = (_ctx(db, Scope(user_id=u, **group), per_chat=2) for u in ("ou_alice", "ou_bob", "ou_carol"))
+    assert not (await _call(alice, "schedule_message", text="a", at="2026-03-21T09:00")).is_error
+    assert not (await _call(bob, "schedule_message", text="b", at="2026-03-21T09:00")).is_error
+    third = await _call(carol, "schedule_message", text="c", at="2026-03-21T09:00")
+    assert third.is_error and "this chat already has 2 active reminders" in third.content
+    own = _ctx(db, Scope(user_id="ou_carol", chat_id="oc_p2p_carol", chat_type="p2p"), per_chat=2)
+    assert not (await _call(own, "schedule_message", text="c", at="2026-03-21T09:00")).is_error
+    assert [j.owner_id for j in await alice[1].store.for_chat("oc_team")] == ["ou_alice", "ou_bob"]
+
+
+async def test_a_start_far_in_the_past_and_a_rule_that_ended_are_refused(db):
+    ctx = _ctx(db)
+    old = await _call(ctx, "schedule_message", text="x", at="1900-01-01T09:00", rrule="FREQ=HOURLY")
+    assert old.is_error and "more than 366 days in the past" in old.content
+    ended = await _call(ctx, "schedule_message", text="x", at="2026-03-01T09:00", rrule="FREQ=DAILY;COUNT=3")
+    assert ended.is_error and "in the past" in ended.content
+    easter = await _call(ctx, "schedule_message", text="x", at="2026-03-21T09:00", rrule="FREQ=YEARLY;BYEASTER=0")
+    assert easter.is_error and "BYEASTER" in easter.content

@@ -620,3 +620,14 @@ def test_render_picks_text_for_prose_and_post_for_markdown():
     assert render("just a sentence.")[0] == "text"
     assert looks_like_markdown("1. first\n2. second")
     assert render("see `code` here")[0] == "post"
+
+
+@pytest.mark.timeout(30)
+def test_an_answer_of_blank_lines_is_classified_in_linear_time():
+    """Issue 45 sweep: the list / quote / fence branches began ``^\\s*``, which ran on across
+    newlines — each of n blank lines scanned to the end (6,000: 1.5 s on the loop; 60,000,
+    minutes). Indentation is spaces and tabs only now; the answers are classified as before."""
+    assert not looks_like_markdown("\n" * 60_000 + "ok")
+    assert looks_like_markdown("\n" * 60_000 + "  - item")
+    assert looks_like_markdown("text\n\n   > quoted")
+    assert looks_like_markdown("intro\n\t```\ncode\n```")

@@ -184,3 +184,87 @@ def test_recurrence_dst_month_ends_and_bad_rules():
     for bad in ("FREQ=SOMETIMES", "DTSTART:20260101T000000\nRRULE:FREQ=DAILY", "BYDAY=XX"):
         with pytest.raises(RecurrenceError):
             check_rrule(bad)
+
+
+# -- issue 45 N1: bounded walks --------------------------------------------------------------
+
+def test_the_bounded_walk_gives_dateutils_occurrences():
+    """The walk runs in a frame shifted by whole years with the same calendar: it must give
+    exactly what dateutil gives in the real one (ISO weeks, month ends, 29 February, DST,
+    UNTIL, COUNT, BYSETPOS)."""
+    from dateutil.rrule import rrulestr
+
+    rules = ["FREQ=WEEKLY;BYDAY=MO", "FREQ=MONTHLY;BYMONTHDAY=-1", "FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=29",
+             "FREQ=YEARLY;BYWEEKNO=53;BYDAY=SU", "FREQ=YEARLY;BYWEEKNO=1;BYDAY=MO", "FREQ=MONTHLY;BYDAY=-1FR",
+             "FREQ=MONTHLY;BYSETPOS=-1;BYDAY=MO,TU,WE,TH,FR", "FREQ=DAILY;UNTIL=20270301T000000Z",
+             "FREQ=DAILY;COUNT=40", "FREQ=HOURLY;INTERVAL=5", "FREQ=MINUTELY;INTERVAL=90",
+             "FREQ=YEARLY;BYYEARDAY=366", "FREQ=YEARLY;BYMONTH=3;BYDAY=-1SU;BYHOUR=2;BYMINUTE=30"]
+    for tz in ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Shanghai"):
+        z = ZoneInfo(tz)
+        for rule in rules:
+            start = datetime(2026, 1, 31, 2, 30, tzinfo=z)
+            lo, hi = datetime(2026, 3, 1, tzinfo=z), datetime(2034, 3, 1, tzinfo=z)
+            want = [d.timestamp() for d in rrulestr(rule, dtstart=start).between(lo, hi, inc=True)][:400]
+            got = occurrences("2026-01-31T02:30", tz, rule, lo.timestamp() - 1e-6, hi.timestamp(), limit=400)
+            assert got == want, (tz, rule)
+
+
+def test_a_rule_that_never_occurs_has_no_next_time():
+    from memory.recurrence import vet
+
+    never = "FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30"
+    assert next_after("2026-03-20T09:00", "Europe/Berlin", never, T0, inclusive=True) is None
+    v = vet("2026-03-20T09:00", "Europe/Berlin", never, T0, horizon_s=366 * 86400)
+    assert v.first is None and not v.past and not v.too_far
+    # 29 February on a Monday: rare, not never — next found 4 years on, past the first window
+    leap = "FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=29;BYDAY=MO"
+    nxt = datetime.fromtimestamp(next_after("2026-03-20T09:00", "Europe/Berlin", leap, T0), ZoneInfo("Europe/Berlin"))
+    assert (nxt.year, nxt.month, nxt.day) == (2044, 2, 29)
+
+
+async def test_a_stored_rule_that_never_occurs_again_ends_without_holding_the_loop(db):
+    """A job stored before rules were vetted (or imported): its next time after a firing is a
+    bounded walk off the loop; the job ends, saying why."""
+    import time as _time
+
+    clock = Clock(T0)
+    store = ScheduleStore(db, clock=clock, owner="A")
+    await db.execute(
+        "INSERT INTO schedules(owner_id, session_id, chat_id, chat_type, text, use_model, tz, dtstart, rrule,"
+        " next_due, state, created_at, updated_at) VALUES ('ou_a', '', 'oc_a', 'p2p', 'x', 0, 'Europe/Berlin',"
+        " '2026-03-20T09:00', 'FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30', ?, 'active', ?, ?)", (T0 + 60, T0, T0))
+    clock.t = T0 + 120
+    [c] = await store.claim_due()
+    gaps: list[float] = []
+
+    async def ticker():
+        last = _time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = _time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    t = asyncio.get_running_loop().create_task(ticker())
+    await asyncio.sleep(0.05)             # the ticker is running before the call
+    try:
+        assert await store.finish(c, c.next_due, "sent")
+        await asyncio.sleep(0.05)         # the ticker's turn after the call: a held loop shows as a gap
+    finally:
+        t.cancel()
+    job = await store.get(c.id)
+    assert job.state == "done" and job.next_due is None
+    assert max(gaps, default=0) < 3.0, max(gaps)         # before: the whole walk to 9999 on the loop
+
+
+def test_an_hourly_rule_stays_hourly_across_a_dst_change():
+    """The hour a spring DST change skips makes an hourly rule's 02:00 the same instant as its
+    03:00 (the scheduler sends it once): the zone's doing, not the rule's — accepted. Measured
+    in real time only, it was refused as "0 s after the one before" in every DST zone."""
+    from memory.recurrence import TooOften, vet
+
+    for tz in ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe"):
+        for rule in ("FREQ=HOURLY", "FREQ=DAILY;BYHOUR=2,3", "FREQ=MINUTELY;INTERVAL=60"):
+            assert vet("2026-03-20T09:00", tz, rule, T0, horizon_s=366 * 86400).first is not None, (tz, rule)
+        with pytest.raises(TooOften):
+            vet("2026-03-20T09:00", tz, "FREQ=DAILY;BYHOUR=9;BYMINUTE=0,30", T0, horizon_s=366 * 86400)

@@ -14,7 +14,10 @@ import asyncio
 import os
 import sys
 
+from typing import Annotated
+
 from mcp.server.fastmcp import Context, FastMCP
+from pydantic import Field
 from mcp.types import ToolAnnotations
 
 READ = ToolAnnotations(readOnlyHint=True)
@@ -96,6 +99,11 @@ def forge() -> None:
     sys.stderr.flush()
     sys.stdout.write("this is not JSON-RPC\n")   # the SDK's own stdlib logger says so
     sys.stdout.flush()
+
+@server.tool(annotations=READ)
+def code_lookup(code: Annotated[str, Field(pattern=r"^(a+)+$")]) -> str:
+    """Look a code up (the schema's pattern backtracks without bound in Python's re)."""
+    return f"code {code}"
 
 
 if __name__ == "__main__":
