@@ -15,7 +15,7 @@ from tests.fakes.fake_anthropic import ToolUse
 from tests.fakes.lark_events import make_card_action_event
 from tests.harness import Harness
 from tests.reliability.support import LogCapture, ServerProcess, wait_until
-from tests.tools.test_mcp_wire import GROUP, _buttons, stdio_config
+from tests.tools.test_mcp_wire import GROUP, SERVER_TOOLS, _buttons, stdio_config
 
 pytestmark = pytest.mark.usefixtures("model_provider")
 
@@ -82,7 +82,7 @@ async def test_a_server_with_2000_tools_is_refused_and_a_plain_hello_stays_small
                 bulk = (await r.json())["mcp_servers"]["bulk"]
             assert bulk["ok"] is False and bulk["tools"] == 0 and "tools refused" in bulk["problem"]
     [line] = logs.events("mcp.tools_refused")
-    assert line["server"] == "bulk" and line["limit"] == "server" and line["tools"] == 2007
+    assert line["server"] == "bulk" and line["limit"] == "server" and line["tools"] == 2000 + SERVER_TOOLS
     assert line["bytes"] > 2_000_000 and line["max_tools"] == 64 and line["level"] == "warning"
 
 
@@ -99,7 +99,7 @@ async def test_list_changed_to_2000_tools_withdraws_the_servers_tools(tmp_path):
             assert not any(n.startswith("mcp_team__") for n in offered(last))
             assert len(json.dumps(last.json, ensure_ascii=False).encode()) < 50_000
     [line] = logs.events("mcp.tools_refused")
-    assert line["server"] == "team" and line["tools"] == 2007
+    assert line["server"] == "team" and line["tools"] == 2000 + SERVER_TOOLS
 
 
 async def test_all_servers_together_are_bounded(tmp_path):
@@ -113,7 +113,8 @@ async def test_all_servers_together_are_bounded(tmp_path):
             health = h.app.mcp.status()
     [line] = logs.events("mcp.tools_refused")
     refused, kept = line["server"], ({"one", "two"} - {line["server"]}).pop()
-    assert line["limit"] == "total" and line["tools"] == 7 and line["max_tools"] == 12 - 7   # what was left
+    assert line["limit"] == "total" and line["tools"] == SERVER_TOOLS
+    assert line["max_tools"] == 12 - SERVER_TOOLS     # what was left
     assert not any(n.startswith(f"mcp_{refused}__") for n in names) and f"mcp_{kept}__lookup" in names
     assert health[refused]["ok"] is False and health[kept]["ok"] is True
 

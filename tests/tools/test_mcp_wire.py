@@ -23,6 +23,7 @@ from tests.reliability.support import ServerProcess, free_port
 pytestmark = pytest.mark.usefixtures("model_provider")
 
 SERVER = Path(__file__).with_name("mcp_server.py")
+SERVER_TOOLS = 8       # the tools mcp_server.py lists before grow() adds one
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
 
 
@@ -97,7 +98,7 @@ async def test_list_changed_refreshes_the_offer(tmp_path):
         h.model.script(ToolUse("mcp_team__grow", {}), Text("ok"), ToolUse("mcp_team__extra", {}))
         await _ask(h, "grow", 1, **ALICE)
         end = time.monotonic() + 10     # the list is read again within REFRESH_MIN_S (bot/tools/mcp.py)
-        while h.app.mcp.status()["team"]["tools"] != 8 and time.monotonic() < end:
+        while h.app.mcp.status()["team"]["tools"] != SERVER_TOOLS + 1 and time.monotonic() < end:
             await asyncio.sleep(0.05)
         reply = await _ask(h, "extra", 2, **ALICE)
         assert "extra!" in reply.text
