@@ -1,0 +1,138 @@
+"""Issue 45 N14: a message answered together with a later one is never answered again.
+
+A turn reads the unanswered messages before its own merged with it (memory/working.py): a
+message whose turn stored it and then failed (the database went away before its answer was
+recorded) is answered by the next message's turn. Its redelivery then asked the model again
+and sent a second answer — the same words answered twice. Now the answer records the message
+it replied to, the inbox rows of the others it answered are finished in the transaction that
+records it (memory/sessions.py ``append_assistant``), and a redelivery decides from the stored
+answer (``answer_of``): replayed when it is its own, nothing sent when another message's
+reply carried it.
+
+The faults are real: the fake model's responder takes SQLite's write lock from a second
+connection (as another process would) past the busy timeout, so the answer's write fails
+with "database is locked" and the message is retried in-process (bot/delivery/redelivery.py).
+The PostgreSQL stop under load: tests/replicas/test_batched_restart.py.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+import time
+
+from storage.sqlite import BUSY_TIMEOUT_MS
+from tests.fakes.fake_anthropic import Text, is_chat, last_user_text
+from tests.harness import Harness
+from tests.reliability.support import deliveries_by_trigger, reply_uuids_by_trigger, wait_until
+
+TOKEN = re.compile(r"\btok-[a-z0-9]+\b")
+HOLD_S = BUSY_TIMEOUT_MS / 1000 + 2      # past the busy timeout: a real "database is locked"
+
+
+def answered_tokens(lark) -> dict[str, list[str]]:
+    """Token -> the messages whose delivered reply answered it (the echo repeats every token of
+    what the model read last: a message answered together with another shows in its reply)."""
+    out: dict[str, list[str]] = {}
+    for m in lark.messages():
+        for t in TOKEN.findall(m.text):
+            out.setdefault(t, []).append(m.reply_to)
+    return out
+
+
+class LockOnCalls:
+    """The chat responder: echoes every token of the last user message; on the calls numbered
+    in ``lock_on`` it first takes the database's write lock for ``HOLD_S`` (released by a
+    thread), so the answer of that turn cannot be recorded."""
+
+    def __init__(self, db_path, lock_on: set[int], wait_for: threading.Event) -> None:
+        self.db_path, self.lock_on, self.wait_for = str(db_path), lock_on, wait_for
+        self.calls = 0
+        self.released = threading.Event()
+        self.holding = 0
+
+    def __call__(self, req: dict) -> Text:
+        self.calls += 1
+        if self.calls in self.lock_on:
+            self.wait_for.wait(10)      # every message acknowledged before the lock is taken
+            conn = sqlite3.connect(self.db_path, timeout=10, check_same_thread=False)
+            conn.execute("BEGIN IMMEDIATE")
+            self.holding += 1
+            self.released.clear()
+
+            def release() -> None:
+                time.sleep(HOLD_S)
+                conn.rollback()
+                conn.close()
+                self.holding -= 1
+                self.released.set()
+
+            threading.Thread(target=release, daemon=True).start()
+        return Text("echo: " + " ".join(TOKEN.findall(last_user_text(req))))
+
+
+async def _two_messages(h: Harness, lock_on: set[int]) -> tuple[LockOnCalls, list[str]]:
+    h.app.redelivery.db_retry_delays_s = (4.0,)
+    h.app.redelivery.db_notice_after_s = 600.0       # no "storage trouble" notice in between
+    acked = threading.Event()
+    responder = LockOnCalls(h.app.settings.db_path, lock_on, acked)
+    h.model.on(is_chat, responder)
+    first = await h.send_text("N14 first message tok-one")
+    second = await h.send_text("N14 second message tok-two")
+    acked.set()
+    return responder, [first["event"]["message"]["message_id"], second["event"]["message"]["message_id"]]
+
+
+async def _settled(h: Harness, logs, mids: list[str], timeout: float = 60) -> None:
+    """Both rows finished, and the first one's retry has run (refused, or answered again)."""
+    async def done() -> bool:
+        rows = await h.app.db.fetchall("SELECT status FROM inbox WHERE message_id IN (?, ?)", tuple(mids))
+        return len(rows) == 2 and all(r["status"] != "pending" for r in rows)
+    end = time.monotonic() + timeout
+    while not await done():
+        assert time.monotonic() < end, "the inbox rows never finished"
+        await h.idle(30)
+    errors = lambda: [e for e in logs.events("handle.db_error") if e["message_id"] == mids[0]]   # noqa: E731
+    await wait_until(lambda: errors() and (logs.events("event.not_claimed") or mids[0] in deliveries_by_trigger(h.lark)
+                                            or logs.events("agent.answered_together")),
+                     timeout, "the first message's retry")
+    await h.idle(30)
+
+
+async def test_a_message_answered_in_a_later_ones_turn_is_not_answered_again(tmp_path, logs):
+    """The first message's answer cannot be recorded (the lock); the second's turn reads both
+    and answers them; the first one's retry must not ask the model and answer it again."""
+    async with Harness(tmp_path) as h:
+        responder, (m1, m2) = await _two_messages(h, {1})
+        await _settled(h, logs, [m1, m2])
+        tokens = answered_tokens(h.lark)
+        assert tokens == {"tok-one": [m2], "tok-two": [m2]}, tokens          # both, in one answer, once
+        assert deliveries_by_trigger(h.lark) == {m2: 1}
+        assert {m: len(u) for m, u in reply_uuids_by_trigger(h.lark).items()} == {m2: 1}
+        assert responder.calls == 2, f"{responder.calls} model calls for two messages"
+        rows = {r["message_id"]: (r["status"], r["note"]) for r in await h.app.db.fetchall(
+            "SELECT message_id, status, note FROM inbox")}
+        assert rows == {m1: ("done", f"answered with {m2}"), m2: ("done", "")}, rows
+        roles = [r["role"] for r in await h.app.db.fetchall("SELECT role FROM messages ORDER BY id")]
+        assert roles == ["user", "user", "assistant"], roles
+        assert [e["inbox_id"] for e in logs.events("event.not_claimed")], "the retry was not refused"
+
+
+async def test_a_retried_message_answers_the_later_ones_stored_after_it_once(tmp_path, logs):
+    """Both turns store their message and fail to record an answer; the first message's retry
+    comes first: its answer reads the second message too (it is stored after it), and the
+    second one's retry sends nothing — before, it replayed the first one's answer as its own
+    and its own words were never answered."""
+    async with Harness(tmp_path) as h:
+        responder, (m1, m2) = await _two_messages(h, {1, 2})
+        await _settled(h, logs, [m1, m2], timeout=90)
+        await wait_until(lambda: [e for e in logs.events("handle.db_error") if e["message_id"] == m2], 5,
+                         "the second turn's failure")
+        tokens = answered_tokens(h.lark)
+        assert tokens == {"tok-one": [m1], "tok-two": [m1]}, tokens
+        assert deliveries_by_trigger(h.lark) == {m1: 1}
+        assert responder.calls == 3, f"{responder.calls} model calls"       # two lost answers, one kept
+        rows = {r["message_id"]: (r["status"], r["note"]) for r in await h.app.db.fetchall(
+            "SELECT message_id, status, note FROM inbox")}
+        assert rows == {m1: ("done", ""), m2: ("done", f"answered with {m1}")}, rows
