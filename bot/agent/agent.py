@@ -82,6 +82,9 @@ class AgentResult:
     tools: tuple[dict, ...] = ()
     usage: dict = field(default_factory=dict)   # input/output/cache_read/cache_write tokens, all calls
     replayed: bool = False
+    # Answered earlier together with this message: the reply to that message carried it and
+    # nothing was sent here (a caller that waits for its answer hears it: bot/handler.py).
+    answered_with: str = ""
     model: str = ""          # the model that answered (a fallback, maybe)
     provider: str = ""
 
@@ -193,7 +196,8 @@ class Agent:
                 # reply to that message carries the answer; nothing more is sent for this one.
                 bound.info("agent.answered_together", answered_with=stored.answer.lark_message_id or "",
                            answer_id=stored.answer.id)
-                return AgentResult(stored.answer.content, True, session.id, MemoryBlocks(), replayed=True)
+                return AgentResult(stored.answer.content, True, session.id, MemoryBlocks(), replayed=True,
+                                   answered_with=stored.answer.lark_message_id or "?")
             if stored.later:
                 # Later messages' turns stored them and failed too: this answer is stored after
                 # them, so it reads them as well (an answer covers what is before it).

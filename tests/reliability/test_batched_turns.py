@@ -136,3 +136,29 @@ async def test_a_retried_message_answers_the_later_ones_stored_after_it_once(tmp
         rows = {r["message_id"]: (r["status"], r["note"]) for r in await h.app.db.fetchall(
             "SELECT message_id, status, note FROM inbox")}
         assert rows == {m1: ("done", ""), m2: ("done", f"answered with {m1}")}, rows
+
+
+async def test_a_chat_api_retry_of_a_message_answered_together_hears_that_answer(tmp_path, logs):
+    """``/chat`` (a caller that waits): the first request's answer cannot be recorded and it
+    fails; the next message's answer covers both; the first one's retry (same Idempotency-Key)
+    gets that stored answer — not a second model call, not an empty reply."""
+    async with Harness(tmp_path) as h:
+        ready = threading.Event()
+        ready.set()
+        responder = LockOnCalls(h.app.settings.db_path, {1}, ready)
+        h.model.on(is_chat, responder)
+
+        async def chat(text: str, key: str) -> tuple[int, dict]:
+            body = {"user_id": "ou_alice", "text": text, "conversation": "n14"}
+            async with h.http.post(h.url + "/chat", json=body, headers={"Idempotency-Key": key}) as r:
+                return r.status, await r.json()
+
+        status, body = await chat("N14 first message tok-one", "k-one")
+        assert status >= 500, (status, body)                 # its answer could not be stored
+        await wait_until(lambda: responder.released.is_set(), HOLD_S + 5, "the lock to be released")
+        status, body = await chat("N14 second message tok-two", "k-two")
+        assert (status, body["reply"]) == (200, "echo: tok-one tok-two"), body
+        status, body = await chat("N14 first message tok-one", "k-one")
+        assert (status, body["reply"]) == (200, "echo: tok-one tok-two"), body
+        assert responder.calls == 2, f"{responder.calls} model calls"
+        assert logs.events("agent.answered_together")
