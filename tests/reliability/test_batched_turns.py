@@ -162,3 +162,57 @@ async def test_a_chat_api_retry_of_a_message_answered_together_hears_that_answer
         assert (status, body["reply"]) == (200, "echo: tok-one tok-two"), body
         assert responder.calls == 2, f"{responder.calls} model calls"
         assert logs.events("agent.answered_together")
+
+
+async def test_a_fault_between_the_batched_reply_and_its_row_replays_it_under_the_same_uuid(tmp_path, logs):
+    """The window itself: the second turn answers both messages; its reply is held at Lark
+    while the database is locked from outside, so the reply gets out and its row cannot be
+    finished. Its retry replays the stored answer (the same uuid: Lark shows it once), and the
+    first message — finished in the transaction that recorded the answer — is not answered
+    again."""
+    async with Harness(tmp_path) as h:
+        h.app.redelivery.db_retry_delays_s = (4.0,)
+        h.app.redelivery.db_notice_after_s = 600.0
+        acked = threading.Event()
+        base = LockOnCalls(h.app.settings.db_path, {1}, acked)
+        second: list[str] = []
+        locked_at_reply = threading.Event()
+
+        def lock_once_the_reply_arrives() -> None:
+            end = time.monotonic() + 30
+            while not any(second[0] in c.path for c in h.lark.calls_to("/reply", "POST")):
+                assert time.monotonic() < end
+                time.sleep(0.002)
+            conn = sqlite3.connect(str(h.app.settings.db_path), timeout=10, check_same_thread=False)
+            conn.execute("BEGIN IMMEDIATE")     # the answer is recorded; the row's finish will wait
+            locked_at_reply.set()
+            time.sleep(HOLD_S)
+            conn.rollback()
+            conn.close()
+
+        def responder(req: dict) -> Text:
+            if base.calls == 1:                 # the second turn: the one answering both
+                h.lark.stall_next("/reply", 1.5, method="POST")
+                threading.Thread(target=lock_once_the_reply_arrives, daemon=True).start()
+            return base(req)
+
+        h.model.on(is_chat, responder)
+        m1 = (await h.send_text("N14 first message tok-one"))["event"]["message"]["message_id"]
+        m2 = (await h.send_text("N14 second message tok-two"))["event"]["message"]["message_id"]
+        second.append(m2)
+        acked.set()
+        await wait_until(lambda: [e for e in logs.events("agent.replayed") if e["message_id"] == m2], 60,
+                         "the batched answer replayed after its row could not be finished")
+        await _settled(h, logs, [m1, m2])
+        assert locked_at_reply.is_set()
+        assert [e["message_id"] for e in logs.events("handle.db_error")] == [m1, m2]
+        tokens = answered_tokens(h.lark)
+        assert tokens == {"tok-one": [m2], "tok-two": [m2]}, tokens
+        assert deliveries_by_trigger(h.lark) == {m2: 1}
+        uuids = reply_uuids_by_trigger(h.lark)
+        assert {m: len(u) for m, u in uuids.items()} == {m2: 1}, uuids                # replayed, same uuid
+        assert len(h.lark.calls_to(f"/messages/{m2}/reply", "POST")) == 2             # sent, then replayed
+        assert base.calls == 2, f"{base.calls} model calls"
+        rows = {r["message_id"]: (r["status"], r["note"]) for r in await h.app.db.fetchall(
+            "SELECT message_id, status, note FROM inbox")}
+        assert rows == {m1: ("done", f"answered with {m2}"), m2: ("done", "")}, rows
