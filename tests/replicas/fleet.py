@@ -182,7 +182,7 @@ def answered_together(url: str) -> dict[str, str]:
     """Message id -> the message whose reply answered it together with its own (the inbox
     row's note, written in the transaction that recorded the answer)."""
     return {m: note.removeprefix("answered with ") for m, note in pg_rows(
-        url, "SELECT message_id, note FROM inbox WHERE status = 'done' AND note LIKE 'answered with %'")}
+        url, "SELECT message_id, note FROM inbox WHERE status = 'done' AND note LIKE 'answered with %%'")}
 
 
 def pg_rows(url: str, sql: str, params: tuple = ()) -> list[tuple]:
