@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from dataclasses import replace
 
-from bot.agent.agent import Agent, UserTurn
+from bot.agent.agent import Agent, AgentResult, UserTurn
 from bot.agent.prompt import with_material
 from bot.attachments import AttachmentError, Fetch, prepare, refusal
 from bot.lifecycle import Lifecycle
@@ -171,7 +171,11 @@ class MessageHandler:
                 outcome = Outcome("ignored", reason)
             else:
                 started = time.monotonic()
-                await self._answer(inbound, job.reply, bound)
+                result = await self._answer(inbound, job.reply, bound)
+                if result is not None and result.answered_with:
+                    # Its words were answered in a later message's turn (a retry after a fault):
+                    # the caller waiting here hears that answer; it is no chat, nothing doubles.
+                    await job.reply.finish(result.text)
                 if self.d.on_replied is not None:
                     self.d.on_replied(time.monotonic() - started)
                 outcome = Outcome("answered")
@@ -283,7 +287,8 @@ class MessageHandler:
                    withdrawn=taken_back)
         return True
 
-    async def _answer(self, inbound: Inbound, reply: Reply, bound: Any) -> None:
+    async def _answer(self, inbound: Inbound, reply: Reply, bound: Any) -> "AgentResult | None":
+        """Answer ``inbound``; the agent's result when the agent answered (None otherwise)."""
         d = self.d
         chinese = (inbound.language or await self.language(inbound)) == "zh"
         prepared = None
@@ -365,7 +370,8 @@ class MessageHandler:
                             text=text, sender_name=name,
                             message_id=inbound.message_id, truncated=inbound.truncated,
                             images=images, material="\n\n".join(material), in_org=inbound.sender_in_org)
-                await d.agent.respond(turn, reply)
+                return await d.agent.respond(turn, reply)
+        return None
 
     async def language(self, inbound: Inbound) -> str:
         """The user's language: their words' when there are any, else what they last said in

@@ -50,6 +50,7 @@ from memory.session_search import (  # noqa: F401  (re-exported: the search's pu
     search_sessions,
 )
 from memory.scope import PRIVATE_CHAT_TYPES, Scope
+from memory.turns import MAX_ID
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,22 @@ class AppendResult:
     created: bool             # the session was started by this message
     duplicate: bool           # lark_message_id was already stored; nothing was written
     closed: SessionInfo | None  # the idle session closed on the way (already notified)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAnswer:
+    """How a message stored earlier stands (``answer_of``): a redelivered message is answered
+    from this, never by asking the model a second time.
+
+    An answer covers every user message between the answer before it and itself: a turn
+    reads the unanswered messages before its own (a turn that failed after storing its
+    message, answered later) merged with it, so one answer can answer several messages."""
+
+    answer: StoredMessage | None    # the answer that covered the message, if there is one yet
+    own: bool                       # it replied to this message: replay it (same uuid)
+    # No answer yet: the user messages stored after this one (their turns failed too); an
+    # answer to this message reads them as well, so it covers them.
+    later: tuple[StoredMessage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,19 +233,29 @@ def _close_sync(conn: sqlite3.Connection, session: SessionInfo, now: float) -> S
 
 
 def _append_assistant_sync(
-    conn: sqlite3.Connection, session_id: str, content: str, calls: str | None, now: float
+    conn: sqlite3.Connection, session_id: str, content: str, calls: str | None, now: float,
+    reply_to: str | None, together: tuple[str, ...],
 ) -> StoredMessage:
     # One statement (the session's existence, the insert, the stored row), the unit's whole
-    # transaction: on PostgreSQL one round trip, and this runs for every answer.
-    row = execute_last(
-        conn,
-        "INSERT INTO messages(session_id, role, content, tool_calls, created_at)"
-        " SELECT ?, 'assistant', ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?)"
-        f" RETURNING {_MESSAGE_RETURNING}",
-        (session_id, content, calls, now, session_id),
-    ).fetchone()
+    # transaction: on PostgreSQL one round trip, and this runs for every answer. The message it
+    # replied to goes in lark_message_id (unique for user rows only): a redelivery of that
+    # message replays this answer; another message it covered does not (``answer_of``).
+    insert = ("INSERT INTO messages(session_id, role, content, tool_calls, lark_message_id, created_at)"
+              " SELECT ?, 'assistant', ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?)"
+              f" RETURNING {_MESSAGE_RETURNING}")
+    params = (session_id, content, calls, reply_to, now, session_id)
+    row = (conn.execute(insert, params) if together else execute_last(conn, insert, params)).fetchone()
     if row is None:
         raise SessionNotFound(session_id)
+    if together:
+        # The other messages this answer answered (their turns failed after storing them) are
+        # finished with it, in this unit: their redelivery must not ask the model again
+        # (issue 45 N14). The reply to ``reply_to`` carries the answer; its own inbox row is
+        # finished once that reply is delivered (bot/handler.py).
+        marks = ",".join("?" * len(together))
+        execute_last(conn, "UPDATE inbox SET status = 'done', note = ?, done_at = ?"
+                           f" WHERE dedup_key IN ({marks}) AND status = 'pending'",
+                     (f"answered with {reply_to or ''}"[:500], now, *(f"msg:{m}" for m in together)))
     return _message(row)
 
 
@@ -429,13 +456,36 @@ class SessionStore:
         return AppendResult(session, message, created=created, duplicate=False, closed=closed)
 
     async def append_assistant(
-        self, session_id: str, content: str, *, tool_calls: Any | None = None
+        self, session_id: str, content: str, *, tool_calls: Any | None = None,
+        reply_to: str | None = None, together: Sequence[str] = (),
     ) -> StoredMessage:
-        """Store the bot's reply in ``session_id`` (tool calls as JSON)."""
+        """Store the bot's reply in ``session_id`` (tool calls as JSON). ``reply_to``: the
+        transport's id of the message it replies to; ``together``: the ids of the other
+        messages it answered (read merged with that one), whose inbox rows are finished in the
+        same transaction."""
         if not isinstance(content, str):
             raise TypeError("content must be a string")
         calls = None if tool_calls is None else json.dumps(tool_calls, ensure_ascii=False)
-        return await self.db.write(_append_assistant_sync, session_id, content, calls, self.clock())
+        return await self.db.write(_append_assistant_sync, session_id, content, calls, self.clock(),
+                                   reply_to, tuple(together))
+
+    async def answer_of(self, message: StoredMessage) -> StoredAnswer:
+        """How ``message`` (a stored user message) was answered: the first answer after it, and
+        whether it replied to this message or to a later one it was read together with; or,
+        with none yet, the user messages stored after it. Read on a redelivery only."""
+        rows = [_message(r) for r in await self.db.fetchall(
+            f"SELECT {_MESSAGE_COLS} FROM messages m WHERE m.session_id = ? AND m.id > ? AND m.id <= COALESCE("
+            "(SELECT MIN(a.id) FROM messages a WHERE a.session_id = ? AND a.id > ? AND a.role = 'assistant'),"
+            " ?) ORDER BY m.id",
+            (message.session_id, message.id, message.session_id, message.id, MAX_ID))]
+        users = tuple(r for r in rows if r.role == "user" and r.tool_call_id is None)
+        answer = rows[-1] if rows and rows[-1].role == "assistant" else None
+        if answer is None:
+            return StoredAnswer(None, False, users)
+        # An answer stored before its reply was recorded on it: its own when nothing came between.
+        own = (answer.lark_message_id == message.lark_message_id if answer.lark_message_id
+               else not users)
+        return StoredAnswer(answer, own)
 
     def _new_id_sync(self, conn: sqlite3.Connection, now: float) -> str:
         """``s_YYYYMMDD_HHMM_xxxx`` (local time, random hex). Unique; the tail is kept unique

@@ -83,6 +83,9 @@ class AgentResult:
     tools: tuple[dict, ...] = ()
     usage: dict = field(default_factory=dict)   # input/output/cache_read/cache_write tokens, all calls
     replayed: bool = False
+    # Answered earlier together with this message: the reply to that message carried it and
+    # nothing was sent here (a caller that waits for its answer hears it: bot/handler.py).
+    answered_with: str = ""
     model: str = ""          # the model that answered (a fallback, maybe)
     provider: str = ""
 
@@ -111,6 +114,18 @@ def apology(kind: str, user_text: str) -> str:
     lang = "zh" if is_chinese(user_text) else "en"
     table = APOLOGIES[lang]
     return table.get(kind, table["default"])
+
+
+def _read_together(turns: list, message_id: str | None) -> tuple[str, ...]:
+    """The other messages this turn's answer answers: the unanswered turns at the end of the
+    session, read merged with its own message (stored, their turns failed before an answer)."""
+    out: list[str] = []
+    for t in reversed(turns):
+        if t.answered:
+            break
+        if t.user is not None and t.user.lark_message_id and t.user.lark_message_id != message_id:
+            out.append(t.user.lark_message_id)
+    return tuple(out)
 
 
 class Agent:
@@ -167,21 +182,34 @@ class Agent:
         bound = log.bind(chat_id=scope.chat_id, message_id=turn.message_id or "",
                          session_id=session.id, user_id=scope.user_id)
 
+        # What this turn reads last: its own message, merged with the unanswered ones before it.
+        current, upto, speaker = turn.text, appended.message.id, turn.sender_name or scope.user_id
         if appended.duplicate:
-            # Re-delivered after a crash: if the answer was already produced, send it again
-            # (same uuid, so Lark shows it once) instead of asking the model twice.
-            later = await m.sessions.messages(session.id, after_id=appended.message.id, limit=1)
-            if later and later[0].role == "assistant":
-                await reply.finish(later[0].content)
+            # Re-delivered after a fault: never ask the model twice for one message.
+            stored = await m.sessions.answer_of(appended.message)
+            if stored.answer is not None and stored.own:
+                # Its answer was produced: send it again (same uuid, so Lark shows it once).
+                await reply.finish(stored.answer.content)
                 bound.info("agent.replayed")
-                return AgentResult(later[0].content, True, session.id, MemoryBlocks(), replayed=True)
+                return AgentResult(stored.answer.content, True, session.id, MemoryBlocks(), replayed=True)
+            if stored.answer is not None:
+                # A later message's turn read this one too and answered both (issue 45 N14): the
+                # reply to that message carries the answer; nothing more is sent for this one.
+                bound.info("agent.answered_together", answered_with=stored.answer.lark_message_id or "",
+                           answer_id=stored.answer.id)
+                return AgentResult(stored.answer.content, True, session.id, MemoryBlocks(), replayed=True,
+                                   answered_with=stored.answer.lark_message_id or "?")
+            if stored.later:
+                # Later messages' turns stored them and failed too: this answer is stored after
+                # them, so it reads them as well (an answer covers what is before it).
+                last = stored.later[-1]
+                current, upto, speaker = last.content, last.id, last.sender_name or last.sender_id
 
         await reply.working()
         # The request's messages and the memory panel's view come from one read of the
         # working memory (one SQLite round trip, one consistent snapshot).
         messages, view = await m.working.context_and_view(
-            session.id, turn.text, before_message_id=appended.message.id,
-            speaker_name=turn.sender_name or scope.user_id)
+            session.id, current, before_message_id=upto, speaker_name=speaker)
         blocks = await self.gather(scope, turn.text, session_id=session.id, view=view)
         offers = reply.capabilities
         panel = Capability.MEMORY_PANEL in offers      # the console's memory panel, /chat's memory
@@ -229,7 +257,8 @@ class Agent:
         # `ethan session show`; a resumed session replays the answers' text only, on any provider.
         calls = [b for content, results in result.rounds
                  for b in (*(c for c in content if c.get("type") == "tool_use"), *results)]
-        await m.sessions.append_assistant(session.id, text, tool_calls=calls or None)
+        await m.sessions.append_assistant(session.id, text, tool_calls=calls or None, reply_to=turn.message_id,
+                                          together=_read_together(view.hot_turns, turn.message_id))
         usage = dataclasses.asdict(result.usage)
         tools = tuple({"name": o.name, "is_error": o.is_error, "result": o.content}
                       for o in result.tool_outcomes)

@@ -20,6 +20,7 @@ from memory.sessions import (
     EmptyQuery,
     SessionNotFound,
     SessionStore,
+    StoredAnswer,
     fts_phrase,
     like_pattern,
     make_snippet,
@@ -683,3 +684,45 @@ async def test_append_user_returns_the_session_as_stored_in_three_round_trips(db
     assert trips["n"] == (1 if db.dialect == "sqlite" else 3), trips
     again = await store.append_user(A_P2P, "again", lark_message_id="om_2")     # Lark's redelivery
     assert again.duplicate and again.message == second.message and again.session == await store.get(first.session.id)
+
+
+# -- an answer and the messages it answered (issue 45 N14) -------------------------------------
+async def _inbox_row(db: Database, message_id: str) -> None:
+    await db.execute(
+        "INSERT INTO inbox(event_id, message_id, chat_id, conv_key, create_time, received_at, payload, status,"
+        " dedup_key) VALUES (?, ?, 'oc_pa', 'oc_pa', ?, ?, '{}', 'pending', ?)",
+        (f"ev_{message_id}", message_id, T0, T0, f"msg:{message_id}"))
+
+
+async def _inbox(db: Database) -> dict:
+    return {r["message_id"]: (r["status"], r["note"] or "")
+            for r in await db.fetchall("SELECT message_id, status, note FROM inbox")}
+
+
+async def test_an_answer_finishes_the_messages_it_answered_together_and_a_redelivery_can_tell(store, db):
+    """A turn read om_1 (stored, its own turn failed) with om_2: the answer replies to om_2 and
+    finishes om_1's inbox row in the same transaction; ``answer_of`` then says om_1's answer
+    is another message's (send nothing) and om_2's its own (replay)."""
+    one = await store.append_user(A_P2P, "first", lark_message_id="om_1")
+    await _inbox_row(db, "om_1")
+    assert await store.answer_of(one.message) == StoredAnswer(None, False)
+    two = await store.append_user(A_P2P, "second", lark_message_id="om_2")
+    await _inbox_row(db, "om_2")
+    assert await store.answer_of(one.message) == StoredAnswer(None, False, (two.message,))   # read them too
+
+    # The session gone (erased mid-turn): nothing is written, the row stays pending.
+    with pytest.raises(SessionNotFound):
+        await store.append_assistant("s_gone", "lost", reply_to="om_2", together=("om_1",))
+    assert await _inbox(db) == {"om_1": ("pending", ""), "om_2": ("pending", "")}
+
+    answer = await store.append_assistant(one.session.id, "both", reply_to="om_2", together=("om_1",))
+    assert answer.lark_message_id == "om_2"
+    # om_2's own row is its reply's to finish (after delivery), not the answer's.
+    assert await _inbox(db) == {"om_1": ("done", "answered with om_2"), "om_2": ("pending", "")}
+    assert await store.answer_of(one.message) == StoredAnswer(answer, False)
+    assert await store.answer_of(two.message) == StoredAnswer(answer, True)
+
+    # An answer stored before answers recorded their message: its own when nothing came between.
+    three = await store.append_user(A_P2P, "third", lark_message_id="om_3")
+    old = await store.append_assistant(one.session.id, "old style")
+    assert await store.answer_of(three.message) == StoredAnswer(old, True)

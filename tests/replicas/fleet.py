@@ -148,9 +148,16 @@ def answers(lark: FakeLark) -> tuple[collections.Counter, dict[str, set[str]]]:
     return deliveries_by_trigger(lark), reply_uuids_by_trigger(lark, msg_types=("text", "post", "interactive"))
 
 
-def assert_answered_once(lark: FakeLark, expected: set[str]) -> None:
+def assert_answered_once(lark: FakeLark, expected: set[str], *, url: str | None = None) -> None:
+    """Every message in ``expected`` answered once: one delivery and one uuid each. With the
+    database's ``url``, a message a later message's turn answered together with its own (its
+    turn stored it, then met a database fault; issue 45 N14) counts as answered by that reply
+    when it got none of its own."""
     delivered, uuids = answers(lark)
     missing = expected - set(delivered)
+    if url is not None and missing:
+        together = answered_together(url)
+        missing = {m for m in missing if together.get(m) not in delivered}
     assert not missing, f"{len(missing)} acknowledged messages never answered: {sorted(missing)[:5]}"
     doubled = {m: n for m, n in delivered.items() if n != 1}
     assert not doubled, f"replies delivered more than once: {list(doubled.items())[:5]}"
@@ -161,8 +168,21 @@ def assert_answered_once(lark: FakeLark, expected: set[str]) -> None:
             assert m.text.startswith("echo: "), m.text
 
 
-def answered(lark: FakeLark, expected: set[str]) -> int:
-    return len(expected & set(deliveries_by_trigger(lark)))
+def answered(lark: FakeLark, expected: set[str], *, url: str | None = None) -> int:
+    """How many of ``expected`` are answered (with ``url``: answered together counts, as in
+    ``assert_answered_once``)."""
+    delivered = set(deliveries_by_trigger(lark))
+    done = expected & delivered
+    if url is not None and len(done) < len(expected):
+        done |= {m for m, by in answered_together(url).items() if m in expected and by in delivered}
+    return len(done)
+
+
+def answered_together(url: str) -> dict[str, str]:
+    """Message id -> the message whose reply answered it together with its own (the inbox
+    row's note, written in the transaction that recorded the answer)."""
+    return {m: note.removeprefix("answered with ") for m, note in pg_rows(
+        url, "SELECT message_id, note FROM inbox WHERE status = 'done' AND note LIKE 'answered with %%'")}
 
 
 def pg_rows(url: str, sql: str, params: tuple = ()) -> list[tuple]:

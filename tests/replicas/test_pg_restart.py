@@ -89,10 +89,10 @@ async def test_postgresql_restarted_under_load(fleet_on, own_cluster, own_databa
         rows = pg_rows(url, "SELECT status, attempts, COUNT(*) FROM inbox GROUP BY status, attempts")
         return f"inbox (status, attempts, n): {rows}\n{fleet.tails()}"
 
-    await wait_for_progress(lambda: answered(lark, expected), len(expected), stall=20,
+    await wait_for_progress(lambda: answered(lark, expected, url=url), len(expected), stall=20,
                             what="every acknowledged message answered", diagnose=diagnose)
     await asyncio.sleep(1.0)               # a late second answer would be out by now
-    assert_answered_once(lark, expected)
+    assert_answered_once(lark, expected, url=url)
     for srv in servers:
         code, _ = await srv.terminate()
         assert code == 0, srv.tail()
