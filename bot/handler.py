@@ -364,7 +364,8 @@ class MessageHandler:
                 turn = UserTurn(scope=inbound.scope(is_admin=inbound.admin(d.is_admin)),
                             text=text, sender_name=name,
                             message_id=inbound.message_id, truncated=inbound.truncated,
-                            images=images, material="\n\n".join(material))
+                            images=images, material="\n\n".join(material),
+                            heard=prepared.transcript if prepared is not None else "")
                 await d.agent.respond(turn, reply)
 
     async def language(self, inbound: Inbound) -> str:

@@ -54,6 +54,9 @@ class UserTurn:
     # already fenced as data: in front of the user's words, never stored in history — so
     # consolidation never reads other people's words as the user's.
     material: str = ""
+    # A voice message's transcript, when ``text`` is one: heard by the STT server, not typed —
+    # a memory write cannot rest on it alone (bot/tools/base.py own_words).
+    heard: str = ""
 
 
 @dataclass
@@ -198,7 +201,7 @@ class Agent:
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text, session_id=session.id,
                           confirm=reply.confirm_tool if Capability.CONFIRM_TOOL in offers else None,
-                          material=turn.material or "")
+                          material=turn.material or "", heard=turn.heard)
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)
         self.calls += 1
