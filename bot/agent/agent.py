@@ -201,7 +201,8 @@ class Agent:
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text, session_id=session.id,
                           confirm=reply.confirm_tool if Capability.CONFIRM_TOOL in offers else None,
-                          material=turn.material or "", heard=turn.heard)
+                          material=turn.material or "", heard=turn.heard,
+                          carried=frozenset({"image"}) if turn.images else frozenset())
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)
         self.calls += 1

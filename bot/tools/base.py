@@ -44,6 +44,9 @@ class ToolContext:
     # A voice message's transcript when this turn was answered from one (bot/handler.py): in
     # ``user_text`` as if typed, but heard by an outside server — never the user's typed words.
     heard: str = ""
+    # Third-party content of the request that no fence shows: "image" (an image block — a
+    # screenshot's text is read by the model as well as a file's).
+    carried: frozenset[str] = frozenset()
 
 
 async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str, Any],
@@ -52,7 +55,8 @@ async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str
     not the user's own words. Decided from the turn's provenance (memory/untrusted.py):
 
     - a turn with no third-party material (no fence in the user's text or the request's
-      material, no non-memory tool result, no transcript) writes as before — nothing is checked;
+      material, no image, no non-memory tool result, no transcript) writes as before — nothing
+      is checked;
     - content with words the material supplied and the typed words did not (a forwarded CV's
       名字：张三, an injected rule copied from a tool result) is refused;
     - otherwise it must be covered by the words the user typed (``untrusted.uncovered``): what
@@ -65,7 +69,7 @@ async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str
     是…", ``others_ok``) is theirs to keep; a rule never is someone else's."""
     from memory.untrusted import material_kinds, material_texts, strip, taken_from_material, uncovered
 
-    kinds = material_kinds(ctx.user_text) | material_kinds(ctx.material)
+    kinds = material_kinds(ctx.user_text) | material_kinds(ctx.material) | ctx.carried
     if ctx.seen:
         kinds.add("tool")
     if ctx.heard:
