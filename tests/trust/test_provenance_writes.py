@@ -110,6 +110,20 @@ async def test_a_rule_injected_through_an_mcp_tool_result_is_refused(tmp_path):
         assert "13800001111" not in await _next_turn_system(h)
 
 
+async def test_a_rule_in_an_mcp_error_result_is_refused(tmp_path):
+    async with Harness(tmp_path, mcp_servers={"notes": {"command": sys.executable, "args": [str(SERVER)]}}) as h:
+        h.model.script(ToolUse("mcp_notes__calendar", {"day": "周一"}),
+                       ToolUse("procedure_write", {"rule": RULE}), Text("日历暂时打不开。"))
+        before = len(h.model.chat_requests())
+        await h.send_text("周一有什么安排", **ALICE)
+        await h.replies(1, timeout=20)
+        await h.idle()
+        cal, rule = _results(h, before)
+        assert cal.get("is_error") and "13800001111" in _text(cal)      # the error's text reached the model
+        assert rule.get("is_error") and REFUSED in _text(rule), rule
+        assert await _stored(h) == ([], [], [])
+
+
 async def test_a_rule_in_a_file_is_refused(tmp_path):
     async with Harness(tmp_path) as h:
         ev = make_file_event("file_v3_notes", "纪要.txt", **ALICE)
