@@ -57,6 +57,9 @@ class UserTurn:
     # A voice message's transcript, when ``text`` is one: heard by the STT server, not typed —
     # a memory write cannot rest on it alone (bot/tools/base.py own_words).
     heard: str = ""
+    # The words the user typed, when ``text`` holds more than them and the fences (attachments'
+    # references: a file's name, the transcript); None: ``text`` outside its fences.
+    typed: str | None = None
 
 
 @dataclass
@@ -201,7 +204,7 @@ class Agent:
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text, session_id=session.id,
                           confirm=reply.confirm_tool if Capability.CONFIRM_TOOL in offers else None,
-                          material=turn.material or "", heard=turn.heard,
+                          material=turn.material or "", heard=turn.heard, typed=turn.typed,
                           carried=frozenset({"image"}) if turn.images else frozenset())
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)

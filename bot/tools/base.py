@@ -44,6 +44,9 @@ class ToolContext:
     # A voice message's transcript when this turn was answered from one (bot/handler.py): in
     # ``user_text`` as if typed, but heard by an outside server — never the user's typed words.
     heard: str = ""
+    # What the user typed, when ``user_text`` holds more outside its fences (a file's name, a
+    # transcript: bot/handler.py); None: ``user_text`` without its fences is what they typed.
+    typed: str | None = None
     # Third-party content of the request that no fence shows: "image" (an image block — a
     # screenshot's text is read by the model as well as a file's).
     carried: frozenset[str] = frozenset()
@@ -76,8 +79,8 @@ async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str
         kinds.add("transcript")
     if not kinds:
         return
-    typed = strip(ctx.user_text)
-    if ctx.heard:
+    typed = strip(ctx.user_text if ctx.typed is None else ctx.typed)
+    if ctx.heard and ctx.typed is None:
         typed = typed.replace(ctx.heard, " ", 1)
     if others_ok:
         from memory.facts import _others, strong_signals
