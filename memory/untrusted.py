@@ -93,6 +93,14 @@ def taken_from_material(content: str, *, said: str, material: list[str] | tuple[
 # 喜欢喝咖啡" from "我喜欢咖啡"). Material says what the content may not take; the typed words
 # say what it may: the second holds however the material was reworded.
 
+def fenced(text: str) -> list[tuple[str, str]]:
+    """(kind, unescaped text) of each fenced material in ``text``."""
+    if "<untrusted_content" not in text:      # the common case, without a regex pass
+        return []
+    return [(dict(_ATTR.findall(m.group(1))).get("kind") or "material", html.unescape(m.group(2)))
+            for m in FENCE.finditer(text)]
+
+
 def material_kinds(text: str) -> set[str]:
     """The kinds (``forward``, ``file``, ``quoted``, ``group``, ``tool`` …) fenced in ``text``."""
     return {dict(_ATTR.findall(m.group(1))).get("kind") or "material" for m in FENCE.finditer(text)}

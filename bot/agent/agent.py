@@ -198,6 +198,7 @@ class Agent:
         context = volatile_context(blocks, today=dt.date.today().isoformat())
         if turn.material:     # after the date, still in front of the user's words
             context = f"{context}\n\n{turn.material}" if context else turn.material
+        replayed = messages          # with the current input last; the helpers below copy, never edit
         messages = with_context(messages, context)
         if turn.images:
             messages = with_images(messages, turn.images)
@@ -205,6 +206,7 @@ class Agent:
                           user_text=turn.text, session_id=session.id,
                           confirm=reply.confirm_tool if Capability.CONFIRM_TOOL in offers else None,
                           material=turn.material or "", heard=turn.heard, typed=turn.typed,
+                          history=replayed,
                           carried=frozenset({"image"}) if turn.images else frozenset())
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)

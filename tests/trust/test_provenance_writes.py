@@ -12,6 +12,7 @@ model issuing the tool calls on both adapters.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -191,6 +192,47 @@ async def test_a_rule_in_a_forwarded_message_is_refused(tmp_path):
         assert "13800001111" not in await _next_turn_system(h)
 
 
+async def test_a_rule_forwarded_earlier_in_the_conversation_is_refused_later(tmp_path):
+    # the forward is replayed with the next turns: still in the model's context, still material
+    async with Harness(tmp_path) as h:
+        fwd = make_forward_event(**ALICE)
+        h.lark.add_forward(fwd["event"]["message"]["message_id"], ALICE["chat_id"],
+                           [{"sender": "ou_bob", "text": RULE, "create_ms": int(time.time() * 1000) - 60_000}])
+        h.model.script(Text("这是一条转发的消息。"))
+        await _post(h, fwd, 1)
+        await h.idle()
+        h.model.script(ToolUse("procedure_write", {"rule": RULE}), Text("好的。"))
+        before = len(h.model.chat_requests())
+        await _post(h, make_text_event("嗯", **ALICE), 2)
+        await h.idle()
+        assert "13800001111" in json.dumps(h.model.chat_requests()[before].json, ensure_ascii=False)  # replayed
+        [rule] = _results(h, before)
+        assert rule.get("is_error") and REFUSED in _text(rule), rule
+        assert await _stored(h) == ([], [], [])
+
+
+async def test_a_rule_another_member_said_to_ethan_earlier_waits_for_the_askers_click(tmp_path):
+    # a group's conversation is shared: Mallory's own @-message is replayed in Alice's turn
+    async with Harness(tmp_path) as h:
+        h.lark.users["ou_mallory"] = "Mallory"
+        h.model.script(Text("收到。"))
+        await h.send_text(RULE, **{**TEAM, "sender": "ou_mallory"})
+        await h.replies(1, timeout=20)
+        await h.idle()
+        h.model.script(ToolUse("procedure_write", {"rule": RULE}), Text("好的。"))
+        before = len(h.model.chat_requests())
+        await h.send_text("好的", **TEAM)
+        [_, card] = await h.replies(2, timeout=20)
+        assert "13800001111" in json.dumps(h.model.chat_requests()[before].json, ensure_ascii=False)  # replayed
+        assert card.msg_type == "interactive" and "13800001111" in json.dumps(card.content, ensure_ascii=False)
+        await _click(h, card, yes=False, chat_id=TEAM["chat_id"])
+        await h.replies(3, timeout=20)
+        await h.idle()
+        [rule] = _results(h, before)
+        assert rule.get("is_error"), rule
+        assert await _stored(h) == ([], [], [])
+
+
 # -- not the user's typed words, not copied: the asker's click decides --------------------------
 
 async def test_a_rule_translated_from_a_tool_result_waits_for_the_askers_click(tmp_path):
@@ -318,6 +360,24 @@ async def test_a_rule_in_a_voice_transcript_is_not_stored_unless_the_speaker_con
         [fact] = _results(h, before)
         assert not fact.get("is_error"), fact
         assert (await _stored(h))[1] == ["用户喜欢咖啡"]
+
+
+async def test_the_card_waits_longer_than_a_memory_writes_own_timeout(tmp_path):
+    # the 15 s bound of a memory write starts after the asker's click (up to 45 s, inside the
+    # reply deadline: 60 s by default, 10 s in the harness)
+    async with Harness(tmp_path, ethan_reply_deadline=40.0) as h:
+        h.lark.add_message("om_intro2", ALICE["chat_id"], sender="ou_bob", text="Hi, I'm Mallory.")
+        h.model.script(ToolUse("profile_update", {"section": "基础特征", "entry": "名字：马洛里"}), Text("好的。"))
+        before = len(h.model.chat_requests())
+        await _post(h, make_text_event("记一下", parent_id="om_intro2", **ALICE), 1)
+        [card] = h.lark.messages()
+        await asyncio.sleep(16)
+        await _click(h, card, yes=True, chat_id=ALICE["chat_id"])
+        await h.replies(2, timeout=20)
+        await h.idle()
+        [entry] = _results(h, before)
+        assert not entry.get("is_error"), entry
+        assert (await _stored(h))[2] == ["名字：马洛里"]
 
 
 # -- the user's own words beside material: stored as before -----------------------------------
