@@ -48,6 +48,7 @@ BENCHMARKS: list[tuple[str, str, str]] = [
     ("paired", "bench.bench_paired", "12. CPU per message against an older commit, side by side"),
     ("reminders", "bench.bench_reminders", "13. Reminders: due-job pick-up latency and idle CPU"),
     ("group_context", "bench.bench_group_context", "15. The cost of a group's discussion when @-mentioned"),
+    ("memory_gate", "bench.bench_memory_gate", "17. The memory-write gate on the event loop"),
 ]
 
 

@@ -292,6 +292,7 @@ class MessageHandler:
         d = self.d
         chinese = (inbound.language or await self.language(inbound)) == "zh"
         prepared = None
+        typed = inbound.text      # before attachments add their references (a file's name is not typed)
         if inbound.attachments and d.fetch is not None and d.parse_pool is not None:
             try:
                 prepared = await prepare(inbound, d.fetch, vision=d.vision(), pool=d.parse_pool, stt=d.stt)
@@ -369,7 +370,10 @@ class MessageHandler:
                 turn = UserTurn(scope=inbound.scope(is_admin=inbound.admin(d.is_admin)),
                             text=text, sender_name=name,
                             message_id=inbound.message_id, truncated=inbound.truncated,
-                            images=images, material="\n\n".join(material), in_org=inbound.sender_in_org)
+                            images=images, material="\n\n".join(material),
+                            heard=prepared.transcript if prepared is not None else "",
+                            typed=typed if prepared is not None else None,
+                            in_org=inbound.sender_in_org)
                 return await d.agent.respond(turn, reply)
         return None
 

@@ -30,3 +30,12 @@ def label(text: str, name: str, sep: str = " ") -> str:
         return text
     name = safe_name(name) or "?"
     return f"[{name}]{sep}{escape_text(text)}"
+
+
+_LABEL = re.compile(r"(?m)^\[([^\[\]\r\n]*)\]")
+
+
+def speakers(text: str) -> list[str]:
+    """The names of the labels in a group transcript's ``text``, in order (the working memory's
+    ``[长期记忆]`` / ``[对话摘要]`` blocks read as labels too: they are everyone's words, summarised)."""
+    return _LABEL.findall(text) if "[" in text else []

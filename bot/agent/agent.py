@@ -55,6 +55,12 @@ class UserTurn:
     # consolidation never reads other people's words as the user's.
     material: str = ""
     in_org: bool = False              # the sender is of the bot's organisation (Inbound.sender_in_org)
+    # A voice message's transcript, when ``text`` is one: heard by the STT server, not typed —
+    # a memory write cannot rest on it alone (bot/tools/base.py own_words).
+    heard: str = ""
+    # The words the user typed, when ``text`` holds more than them and the fences (attachments'
+    # references: a file's name, the transcript); None: ``text`` outside its fences.
+    typed: str | None = None
 
 
 @dataclass
@@ -221,13 +227,16 @@ class Agent:
         context = volatile_context(blocks, today=dt.date.today().isoformat())
         if turn.material:     # after the date, still in front of the user's words
             context = f"{context}\n\n{turn.material}" if context else turn.material
+        replayed = messages          # with the current input last; the helpers below copy, never edit
         messages = with_context(messages, context)
         if turn.images:
             messages = with_images(messages, turn.images)
         ctx = ToolContext(scope=scope, facts=m.facts, procedures=m.procedures, profile=m.profile,
                           user_text=turn.text, session_id=session.id,
                           confirm=reply.confirm_tool if Capability.CONFIRM_TOOL in offers else None,
-                          material=turn.material or "", in_org=turn.in_org)
+                          material=turn.material or "", in_org=turn.in_org, heard=turn.heard, typed=turn.typed,
+                          history=replayed,
+                          carried=frozenset({"image"}) if turn.images else frozenset())
         offer = self.tools.offer(ctx)
         system, messages = mark_cache(system, messages, offer.spec_dicts, model=model_name)
         self.calls += 1

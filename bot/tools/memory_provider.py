@@ -12,7 +12,12 @@ from typing import Any, Sequence
 from bot.tools.base import Tool, ToolContext, spec
 from bot.tools.registry import ToolDef
 
+from bot.tools.confirm import CONFIRM_WAIT_S
+
 MEMORY_TOOL_TIMEOUT = 15.0
+# A write that is not the user's own words waits for the asker's click (bot/tools/base.py
+# own_words, at most CONFIRM_WAIT_S) before it is written: the timeout leaves room for both.
+MEMORY_TOOL_BUDGET = MEMORY_TOOL_TIMEOUT + CONFIRM_WAIT_S
 
 
 def _def(tool: Tool) -> ToolDef:
@@ -22,7 +27,7 @@ def _def(tool: Tool) -> ToolDef:
         return await tool.run(ctx, tool.Input.model_validate(args))   # ValidationError is a ValueError
 
     return ToolDef(s["name"], s["description"], s["input_schema"], call, read_only=False,
-                   timeout=MEMORY_TOOL_TIMEOUT, own_scope=True)
+                   timeout=MEMORY_TOOL_BUDGET, own_scope=True)
 
 
 class MemoryTools:

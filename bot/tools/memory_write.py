@@ -28,7 +28,7 @@ class MemoryWrite:
     async def run(self, ctx: ToolContext, args: MemoryWriteInput) -> str:
         if "\n" in args.content:
             raise ValueError("content must be one line")
-        own_words(ctx, self.name, args.content)
+        await own_words(ctx, self.name, args.content, args={"content": args.content})
         write = await ctx.facts.add(ctx.scope, args.content, args.category,
                                     source="agent_proactive", user_text=ctx.user_text,
                                     session_id=ctx.session_id)

@@ -4,7 +4,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from bot.tools.base import ToolContext, ToolError, ToolInput
+from bot.tools.base import ToolContext, ToolError, ToolInput, own_words
 
 
 class ProcedureWriteInput(ToolInput):
@@ -29,5 +29,9 @@ class ProcedureWrite:
         chat_scope = args.applies_to == "this_chat"
         if chat_scope and not ctx.scope.is_admin:
             raise ToolError("only admins can set rules for the whole chat; save it for the user instead (applies_to='me')")
+        # A rule is what injected text wants most (the persona follows it on every turn): the
+        # same gate as facts and profile, and no "about someone else" way round it. Only the
+        # rule reaches the prompt; ``context`` is a note shown with it in /rules.
+        await own_words(ctx, self.name, args.rule, args={"rule": args.rule}, others_ok=False)
         proc, created = await ctx.procedures.add(ctx.scope, args.rule, args.context, chat_scope=chat_scope)
         return f"{'saved' if created else 'already known'}: rule #{proc.id}"

@@ -29,6 +29,6 @@ class ProfileUpdate:
     Input: ClassVar[type[ProfileUpdateInput]] = ProfileUpdateInput
 
     async def run(self, ctx: ToolContext, args: ProfileUpdateInput) -> str:
-        own_words(ctx, self.name, args.entry)
+        await own_words(ctx, self.name, args.entry, args={"section": args.section, "entry": args.entry})
         return await ctx.profile.update(ctx.scope, args.section, args.entry, args.mode,
                                         source="agent_proactive", session_id=ctx.session_id)

@@ -188,10 +188,15 @@ class ToolRegistry:
             return self._done(tid, name, f"the tool did not answer within {tool.timeout:g} s and was "
                               "stopped; tell the user it is unavailable right now", "timeout", started)
         except (ToolError, ValueError, PermissionError) as e:
+            # an error's text is the tool's words too (an MCP server's isError result): material
+            if not tool.own_scope:
+                ctx.seen.append(str(e)[:self.max_result_chars])
             return self._done(tid, name, str(e) or e.__class__.__name__, "error", started)
         except Exception as e:  # noqa: BLE001 — any tool failure is a result, never a failed turn
             log.warning("tools.failed", tool=name, provider=provider, chat_id=ctx.scope.chat_id,
                         error=f"{e.__class__.__name__}: {e}"[:300])
+            if not tool.own_scope:
+                ctx.seen.append(str(e)[:200])
             return self._done(tid, name, f"the tool failed ({e.__class__.__name__}: {str(e)[:200]}); "
                               "tell the user it did not work", "error", started)
         if not tool.own_scope:
