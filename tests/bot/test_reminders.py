@@ -14,6 +14,7 @@ from bot.tools.registry import ToolRegistry
 from bot.tools.schedule import ReminderTools
 from memory.schedules import ScheduleStore
 from memory.scope import Scope
+from tests.loop_gaps import loop_gaps
 
 TZ = "Asia/Shanghai"
 NOW = datetime(2026, 3, 20, 8, 0, tzinfo=ZoneInfo(TZ)).timestamp()
@@ -78,28 +79,10 @@ def test_a_zone_is_read_from_the_profile_text():
 # -- issue 45 N1, N7: rules the model (a user) writes -----------------------------------------
 
 async def test_a_rule_that_never_occurs_is_refused_and_the_loop_is_not_held(db):
-    import asyncio
-    import time
-
     ctx = _ctx(db); r = ctx[1]
-    gaps: list[float] = []
-
-    async def ticker():
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    t = asyncio.get_running_loop().create_task(ticker())
-    await asyncio.sleep(0.05)             # the ticker is running before the call
-    try:
+    async with loop_gaps() as gaps:
         out = await _call(ctx, "schedule_message", text="x", at="2026-03-21T09:00",
                           rrule="FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30")
-        await asyncio.sleep(0.05)         # the ticker's turn after the call: a held loop shows as a gap
-    finally:
-        t.cancel()
     assert out.is_error and "no occurrence in the 366 days" in out.content, out.content
     assert await r.store.count_active("ou_alice") == 0
     # the loop went on meanwhile: before, it was held for the whole walk to the year 9999 (7-16 s)

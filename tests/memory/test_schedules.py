@@ -13,6 +13,7 @@ from storage import database
 from memory.erase import delete_session, erase_user, forget_memory
 from memory.recurrence import RecurrenceError, check_rrule, next_after, occurrences
 from memory.schedules import ScheduleStore, TooManySchedules
+from tests.loop_gaps import loop_gaps
 
 
 class Clock:
@@ -225,8 +226,6 @@ def test_a_rule_that_never_occurs_has_no_next_time():
 async def test_a_stored_rule_that_never_occurs_again_ends_without_holding_the_loop(db):
     """A job stored before rules were vetted (or imported): its next time after a firing is a
     bounded walk off the loop; the job ends, saying why."""
-    import time as _time
-
     clock = Clock(T0)
     store = ScheduleStore(db, clock=clock, owner="A")
     await db.execute(
@@ -235,23 +234,8 @@ async def test_a_stored_rule_that_never_occurs_again_ends_without_holding_the_lo
         " '2026-03-20T09:00', 'FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30', ?, 'active', ?, ?)", (T0 + 60, T0, T0))
     clock.t = T0 + 120
     [c] = await store.claim_due()
-    gaps: list[float] = []
-
-    async def ticker():
-        last = _time.monotonic()
-        while True:
-            await asyncio.sleep(0.01)
-            now = _time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    t = asyncio.get_running_loop().create_task(ticker())
-    await asyncio.sleep(0.05)             # the ticker is running before the call
-    try:
+    async with loop_gaps() as gaps:
         assert await store.finish(c, c.next_due, "sent")
-        await asyncio.sleep(0.05)         # the ticker's turn after the call: a held loop shows as a gap
-    finally:
-        t.cancel()
     job = await store.get(c.id)
     assert job.state == "done" and job.next_due is None
     assert max(gaps, default=0) < 3.0, max(gaps)         # before: the whole walk to 9999 on the loop

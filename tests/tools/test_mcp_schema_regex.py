@@ -8,15 +8,12 @@ own pattern: the user gets an answer and the loop stays free meanwhile."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from pathlib import Path
-
-import pytest
 
 from tests.fakes.fake_anthropic import ToolUse
 from tests.harness import Harness
+from tests.loop_gaps import loop_gaps
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 
@@ -25,23 +22,9 @@ async def test_a_servers_pattern_does_not_stall_the_loop(tmp_path):
     cfg = {"command": sys.executable, "args": [str(SERVER), "stdio"],
            "env": {"PID_FILE": str(tmp_path / "pids"), "EVENTS_FILE": str(tmp_path / "events")}}
     async with Harness(tmp_path, mcp_servers={"team": cfg}) as h:
-        gaps: list[float] = []
-
-        async def ticker():
-            last = time.monotonic()
-            while True:
-                await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        t = asyncio.get_running_loop().create_task(ticker())
-        await asyncio.sleep(0.05)
-        try:
+        async with loop_gaps() as gaps:
             h.model.script(ToolUse("mcp_team__code_lookup", {"code": "a" * 27 + "!"}))
             await h.send_text("look up code aaaa…!", chat_id="oc_p2p_alice", sender="ou_alice")
             [reply] = await h.replies(1, timeout=30)
-        finally:
-            t.cancel()
         assert "code_lookup" in reply.text or "pattern" in reply.text.lower() or "error" in reply.text.lower(), reply.text
         assert max(gaps, default=0) < 3.0, max(gaps)      # before: ~10 s in re on the loop
