@@ -126,3 +126,15 @@ def model_provider(request):
         yield request.param
     finally:
         harness.default_provider = before
+
+
+@pytest.fixture
+def stt():
+    """A fake speech-to-text server (tests/fakes/fake_stt.py) on loopback, for voice messages."""
+    from tests.fakes.fake_stt import FakeSTT
+
+    fake = FakeSTT(api_key="sk-stt").start()
+    try:
+        yield fake
+    finally:
+        fake.stop()

@@ -19,7 +19,7 @@ from PIL import Image
 from tests.fakes.fake_anthropic import Delay, FakeAnthropic, Text
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.fakes.fake_stt import FakeSTT, ogg_opus
+from tests.fakes.fake_stt import ogg_opus
 from tests.harness import ENCRYPT_KEY, VERIFICATION_TOKEN
 from tests.fakes.lark_events import (_envelope, make_audio_event, make_card_action_event, make_recalled_event,
                                      make_text_event,
@@ -45,15 +45,6 @@ def model(request):
     fake.on_tool("write_summary", lambda req: {"summary": "(summary)"}, keys={"summary"})
     fake.on_tool("extract_memories", lambda req: {"facts": [], "profile_psych": []},
                  keys={"facts", "profile_psych"})
-    try:
-        yield fake
-    finally:
-        fake.stop()
-
-
-@pytest.fixture
-def stt():
-    fake = FakeSTT(api_key="sk-stt").start()
     try:
         yield fake
     finally:

@@ -17,21 +17,12 @@ import pytest
 
 from bot.stt import transcript_cap
 from tests.fakes.fake_anthropic import Text
-from tests.fakes.fake_stt import FakeSTT, ogg_opus
+from tests.fakes.fake_stt import ogg_opus
 from tests.fakes.lark_events import make_audio_event
 from tests.harness import Harness
 from tests.reliability.test_file_bombs import inbox_status, refused_line, reply_to
 
 ALICE = dict(chat_id="oc_p2p_alice", sender="ou_alice")
-
-
-@pytest.fixture
-def stt():
-    fake = FakeSTT(api_key="sk-stt").start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
 
 
 def _harness(tmp_path, stt, **kw) -> Harness:

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_anthropic import Text, ToolUse, tool_results
-from tests.fakes.fake_stt import FakeSTT, ogg_opus
+from tests.fakes.fake_stt import ogg_opus
 from tests.fakes.lark_events import (make_audio_event, make_card_action_event, make_file_event,
                                      make_forward_event, make_image_event, make_text_event)
 from tests.harness import Harness
+from tests.tools.test_mcp_wire import _buttons
 from tests.trust.injecting_mcp_server import RULE, RULE_EN
 
 pytestmark = pytest.mark.usefixtures("model_provider")
@@ -66,22 +67,6 @@ async def _next_turn_system(h, chat=ALICE) -> str:
     await h.replies(n, timeout=20)
     await h.idle()
     return h.model.last_system_text(h.model.chat_requests()[before])
-
-
-def _buttons(content) -> list[dict]:
-    out: list[dict] = []
-
-    def walk(x):
-        if isinstance(x, dict):
-            if x.get("tag") == "button":
-                out.append(x)
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-    walk(content)
-    return out
 
 
 async def _click(h, card, *, yes: bool, chat_id: str, who: str = "ou_alice") -> None:
@@ -312,15 +297,6 @@ async def test_a_rule_read_off_a_screenshot_waits_for_the_askers_click(tmp_path)
         [rule] = _results(h, before)
         assert rule.get("is_error"), rule
         assert await _stored(h) == ([], [], [])
-
-
-@pytest.fixture
-def stt():
-    fake = FakeSTT(api_key="sk-stt").start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
 
 
 def _voice(h, stt, said: str, tag: bytes) -> dict:
