@@ -7,10 +7,10 @@ never "because the bot can" — and every refusal is one ``docs.refused`` line w
 from __future__ import annotations
 
 import pytest
-import structlog
 
 from tests.fakes.fake_anthropic import ToolUse, tool_results
 from tests.harness import Harness
+from tests.reliability.support import LogCapture
 
 pytestmark = pytest.mark.usefixtures("model_provider")
 
@@ -46,7 +46,8 @@ async def test_the_hr_sheet_shared_only_with_alice_reaches_alice_and_nobody_else
     async with Harness(tmp_path) as h:
         h.lark.add_docx("doxcnHR", HR_TEXT, owner="ou_hrlead", members=[("openid", "ou_alice", "view")])
         ask = Asker(h)
-        with structlog.testing.capture_logs() as logs:
+        with LogCapture() as captured:
+            logs = captured.entries
             for who in (STRANGER, BOB_IN_TEAM, EXTERNAL):
                 reply, result = await ask(HR, **who)
                 assert "NOT_ALLOWED" in result, (who, result)
@@ -142,7 +143,8 @@ async def test_a_check_that_fails_refuses_and_a_repeated_read_is_not_checked_aga
                          msg="internal error")
         h.lark.fail_next("/drive/v1/metas/batch_query", status=400, code=99991672,
                          msg="Access denied. One of the following scopes is required: [drive:drive.metadata:readonly]")
-        with structlog.testing.capture_logs() as logs:
+        with LogCapture() as captured:
+            logs = captured.entries
             _, result = await ask(url, **ALICE)
             assert "CHECK_FAILED" in result and "Falcon" not in result
             _, result = await ask(url, **ALICE)        # the app lacks the owner lookup's scope
