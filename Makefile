@@ -33,7 +33,7 @@ run: $(RUNTIME)  ## install what running needs and start the bot (.venv/bin/etha
 # console and chat API: every store path through the app). `pytest --backend=postgres tests/e2e
 # tests/bot` runs every app on PostgreSQL only. Needs PostgreSQL's server binaries and
 # Chromium: tests/preflight.py names what is missing in one line.
-test: $(STAMP)  ## the whole suite (~27 min on 2 cores; needs PostgreSQL server binaries and Chromium)
+test: $(STAMP)  ## the whole suite (~32 min on 2 cores; needs PostgreSQL server binaries and Chromium)
 	$(BIN)/python -m tests.preflight
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 

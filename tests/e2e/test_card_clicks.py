@@ -86,6 +86,7 @@ async def send(srv, ws, event: dict) -> None:
         async with aiohttp.ClientSession() as http:
             assert await post_event(http, srv.url, event) == 200
     else:
+        await ws.wait_connected_async()         # the client may be between connections (a reconnect)
         mid = await asyncio.to_thread(ws.push, event)
         assert (await ws.wait_ack_async(mid)).code == 200
 
@@ -102,6 +103,9 @@ async def click(srv, ws, event: dict) -> tuple[float, dict | None]:
                 got = await r.json()
         took = time.monotonic() - t0
         return took, (got if "toast" in got else None)
+    # The client may be between connections (its watchdog reconnects a connection whose pong
+    # came late under load): Lark delivers on the next one, and so does this.
+    await ws.wait_connected_async()
     mid = await asyncio.to_thread(ws.push, event)          # a type=event frame, as on Lark's
     ack = await ws.wait_ack_async(mid)
     assert ack.code == 200
