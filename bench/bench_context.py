@@ -42,15 +42,15 @@ from bot.agent.agent import Agent, Memory  # noqa: E402
 from bot.agent.prompt import build_system  # noqa: E402
 from storage import Database  # noqa: E402
 from storage.sqlite import SqliteDatabase
-from memory.episodic import EpisodeStore  # noqa: E402
-from memory.tokenizer import warm_up  # noqa: E402
-from memory.facts import CATEGORIES, FactStore  # noqa: E402
-from memory.modes import ModeStore  # noqa: E402
+from memory.episodes.store import EpisodeStore  # noqa: E402
+from memory.text.tokenizer import warm_up  # noqa: E402
+from memory.facts.store import CATEGORIES, FactStore  # noqa: E402
+from memory.profile.modes import ModeStore  # noqa: E402
 from memory.procedures import ProcedureStore  # noqa: E402
-from memory.profile import ProfileStore  # noqa: E402
+from memory.profile.store import ProfileStore  # noqa: E402
 from memory.scope import Scope  # noqa: E402
-from memory.sessions import SessionStore  # noqa: E402
-from memory.working import WorkingMemory  # noqa: E402
+from memory.sessions.store import SessionStore  # noqa: E402
+from memory.working.view import WorkingMemory  # noqa: E402
 
 SEED = 20260611
 T0 = 1_750_000_000.0
@@ -278,7 +278,7 @@ async def _run(quick: bool) -> list[str]:
 
                 def assemble(message: str):
                     async def go() -> None:
-                        mode = await memory.modes.get(scope.user_id, scope.conv_key)
+                        mode = await memory.profile.modes.get(scope.user_id, scope.conv_key)
                         blocks = await agent.gather(scope, message, session_id=sid, mode=mode)
                         build_system(blocks, today=today)
                         await working.build_context(sid, message, before_message_id=current)
@@ -288,7 +288,7 @@ async def _run(quick: bool) -> list[str]:
                 assert check.path == "full" and check.facts and check.profile and check.rules, check
                 medium = await _time(assemble(MEDIUM_TEXT), reps, budget)
                 full = await _time(assemble(FULL_TEXT), reps, budget)
-                top = await _time(lambda: memory.facts.top(scope, k=15), reps, budget / 2)
+                top = await _time(lambda: memory.facts.store.top(scope, k=15), reps, budget / 2)
                 jpath = home / f"facts-{n}.json"
                 _facts_json(jpath, user, n, SEED + n, text)
                 spec = _time_sync(lambda: spec_top(jpath), reps, budget)

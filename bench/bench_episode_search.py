@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memory import episodic, tokenizer  # noqa: E402
+from memory.episodes import store as episodic
+from memory.text import tokenizer  # noqa: E402
 from storage.sqlite import SqliteDatabase  # noqa: E402
-from memory.episodic import EpisodeStore  # noqa: E402
+from memory.episodes.store import EpisodeStore  # noqa: E402
 from memory.scope import Scope  # noqa: E402
 from tests.memory import episodes_labelled as L  # noqa: E402
 

@@ -39,7 +39,7 @@ def _ms(xs: list[float]) -> tuple[float, float]:
 
 
 async def _run(n: int) -> list[str]:
-    from bot.readers import read_image as image_block
+    from bot.media.readers import read_image as image_block
     from tests.fakes.fake_anthropic import Text
     from tests.fakes.lark_events import make_image_event, make_text_event
     from tests.harness import Harness

@@ -26,8 +26,8 @@ SAID = "记一下我周日要做的事"
 
 
 def _segmenting(content: str, *, said: str, material: list[str]) -> tuple[str, ...]:
-    """The check before issue 45 (memory/untrusted.py at 61912ac): every material segmented."""
-    from memory.untrusted import _terms, material_texts, strip
+    """The check before issue 45 (memory/text/untrusted.py at 61912ac): every material segmented."""
+    from memory.text.untrusted import _terms, material_texts, strip
 
     bodies = [*material, *material_texts(said)]
     if not content or not any(b.strip() for b in bodies):
@@ -49,8 +49,8 @@ def _cpu(fn, runs: int) -> float:
 
 def run(quick: bool = False) -> list[str]:
     from bench.common import table
-    from memory.tokenizer import warm_up
-    from memory.untrusted import taken_from_material, uncovered
+    from memory.text.tokenizer import warm_up
+    from memory.text.untrusted import taken_from_material, uncovered
 
     warm_up()
     runs = 3 if quick else 9

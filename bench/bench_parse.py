@@ -1,4 +1,4 @@
-"""Reading an attachment in the parse pool (bot/parse_pool.py): the generated bombs of issue 32
+"""Reading an attachment in the parse pool (bot/media/parse_pool.py): the generated bombs of issue 32
 (tests/reliability/bombs.py) side by side with ordinary files of the same kinds. Each row is
 ``ParsePool.run`` from the caller's side — the pipe both ways, the reader in the worker, its
 limits — with the default limits and one warm worker; the outcome is what the user would get.
@@ -32,7 +32,7 @@ def _normal() -> list[tuple[str, str, bytes]]:
 
 
 async def _run(n: int) -> list[str]:
-    from bot.parse_pool import ParseFailed, ParsePool
+    from bot.media.parse_pool import ParseFailed, ParsePool
     from tests.reliability import bombs
 
     cases = _normal() + [(f"bomb: {key}", name, build()) for key, (name, build) in bombs.BOMBS.items()]
@@ -72,7 +72,7 @@ async def _fair(timeout: float, rounds: int) -> list[str]:
     alone, then 0.3 s after Alice's slow PDFs (30 text-less pages of their own streams, ~9 s of
     CPU: killed at ``timeout``) arrived from 2 and from 4 chats at once. Works on a tree before
     the fix too (no ``key``: one queue for everyone), for the baseline."""
-    from bot.parse_pool import ParseFailed, ParseLimits, ParsePool
+    from bot.media.parse_pool import ParseFailed, ParseLimits, ParsePool
     from tests.reliability import bombs
 
     pool = ParsePool(ParseLimits(timeout=timeout))

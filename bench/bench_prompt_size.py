@@ -32,20 +32,20 @@ from bench.common import ratio, table, temp_home  # noqa: E402
 from bot.agent.agent import Agent, Memory, UserTurn  # noqa: E402
 from bot.llm.anthropic_model import AnthropicChatModel, make_client  # noqa: E402
 from bot.agent.prompt import MemoryBlocks, build_system  # noqa: E402
-from bot.reply import CollectingReply  # noqa: E402
+from bot.core.reply import CollectingReply  # noqa: E402
 from bot.tools import TOOL_SPECS  # noqa: E402
-from memory.consolidation_queue import ConsolidationQueue  # noqa: E402
-from memory.consolidator import Consolidator  # noqa: E402
+from memory.working.consolidation_queue import ConsolidationQueue  # noqa: E402
+from memory.working.consolidator import Consolidator  # noqa: E402
 from memory.models import route_consolidation_model  # noqa: E402
 from storage.sqlite import SqliteDatabase  # noqa: E402
-from memory.episodic import EpisodeStore  # noqa: E402
-from memory.facts import FactStore  # noqa: E402
-from memory.modes import ModeStore  # noqa: E402
+from memory.episodes.store import EpisodeStore  # noqa: E402
+from memory.facts.store import FactStore  # noqa: E402
+from memory.profile.modes import ModeStore  # noqa: E402
 from memory.procedures import ProcedureStore  # noqa: E402
-from memory.profile import ProfileStore  # noqa: E402
+from memory.profile.store import ProfileStore  # noqa: E402
 from memory.scope import Scope  # noqa: E402
-from memory.sessions import SessionStore  # noqa: E402
-from memory.working import MemoryConfig, WorkingMemory  # noqa: E402
+from memory.sessions.store import SessionStore  # noqa: E402
+from memory.working.view import MemoryConfig, WorkingMemory  # noqa: E402
 from tests.fakes.fake_anthropic import FakeAnthropic, Text, system_text  # noqa: E402
 
 SEED = 20260611

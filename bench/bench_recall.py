@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import table, temp_home  # noqa: E402
-from bot.reply import Capability, ReplyBase  # noqa: E402
+from bot.core.reply import Capability, ReplyBase  # noqa: E402
 from tests.memory import fact_decisions as D  # noqa: E402
 from tests.memory import recall_corpus as R  # noqa: E402
 
@@ -76,9 +76,9 @@ class _Seen(ReplyBase):
 
 
 async def _e2e(c: R.Corpus, embedding: str = "") -> dict:
-    from bot.config import Settings
-    from bot.inbound import typed_message
-    from bot.terminal import TERMINAL, chat_settings, terminal_app
+    from bot.infra.config import Settings
+    from bot.core.inbound import typed_message
+    from bot.infra.terminal import TERMINAL, chat_settings, terminal_app
 
     with temp_home("ethan-bench-recall-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "LARK_"))}
@@ -132,8 +132,8 @@ async def _e2e(c: R.Corpus, embedding: str = "") -> dict:
                         "embed_s": app.indexer.seconds, "wait_s": index_s,
                         "query_ms_p50": times[len(times) // 2] * 1000}
 
-            from memory.episodic import episode_lines, estimate_tokens
-            from memory.tokenizer import search_terms
+            from memory.episodes.store import episode_lines, estimate_tokens
+            from memory.text.tokenizer import search_terms
 
             session_of = {s.label: s for s in c.sessions}
             hit = injected = wrong = 0
@@ -205,13 +205,13 @@ async def _e2e(c: R.Corpus, embedding: str = "") -> dict:
     }
 
 
-from memory.episodic import RECALL_BUDGET_TOKENS  # noqa: E402
+from memory.episodes.store import RECALL_BUDGET_TOKENS  # noqa: E402
 
 
 async def _store(c: R.Corpus) -> dict:
     from storage.sqlite import SqliteDatabase
-    from memory.episodic import METHODS, EpisodeStore
-    from memory.tokenizer import warm_up
+    from memory.episodes.store import METHODS, EpisodeStore
+    from memory.text.tokenizer import warm_up
 
     warm_up()
     with temp_home("ethan-bench-recall-store-") as home:
@@ -228,7 +228,7 @@ async def _store(c: R.Corpus) -> dict:
 
 async def _decisions() -> dict:
     from storage.sqlite import SqliteDatabase
-    from memory.facts import FactStore
+    from memory.facts.store import FactStore
 
     with temp_home("ethan-bench-facts-") as home:
         db = await SqliteDatabase(Path(home) / "f.db").open()

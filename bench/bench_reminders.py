@@ -1,6 +1,6 @@
 """Reminders: due-job pick-up latency and the scheduler's idle CPU (issue 27).
 
-The real scheduler (bot/scheduler.py) over the real schedule store (memory/schedules.py) on
+The real scheduler (bot/schedules/scheduler.py) over the real schedule store (memory/schedules/store.py) on
 SQLite, with N jobs pending (due next week) and a stream of jobs falling due every 50 ms.
 Pick-up latency is the time from a job's due time to its send request (the moment the
 scheduler calls the Lark sender; the send itself is Lark's). Idle CPU: the process's CPU time
@@ -32,10 +32,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import ms, percentile, table  # noqa: E402
-from bot.scheduler import Scheduler  # noqa: E402
+from bot.schedules.scheduler import Scheduler  # noqa: E402
 from storage import Database  # noqa: E402
 from storage.sqlite import SqliteDatabase
-from memory.schedules import ScheduleStore  # noqa: E402
+from memory.schedules.store import ScheduleStore  # noqa: E402
 
 TZ = "UTC"
 

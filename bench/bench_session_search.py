@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from storage.sqlite import SqliteDatabase  # noqa: E402
-from memory.sessions import SessionStore  # noqa: E402
+from memory.sessions.store import SessionStore  # noqa: E402
 
 SEED = 20260611
 T_START = 1_750_000_000.0       # histories span the year before T_START + 365 days

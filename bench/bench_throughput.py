@@ -347,7 +347,7 @@ async def _send_costs(base_url: str, n: int) -> list[tuple[str, float, float]]:
     import lark_oapi as lark
     from lark_oapi.api.im.v1 import ReplyMessageRequest, ReplyMessageRequestBody
 
-    from bot.lark.openapi import OpenApi
+    from bot.lark.openapi.client import OpenApi
     from bot.lark.outbound import LarkSender
 
     content = json.dumps({"text": "这是一条回复 — a reply of ordinary length."}, ensure_ascii=False)

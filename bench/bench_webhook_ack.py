@@ -9,7 +9,7 @@ Three servers, each in its own subprocess behind the same fakes:
 
 * **Ethan** (``python -m bot serve``): verify → commit to the inbox → acknowledge; the
   model is called afterwards by the dispatcher.
-* **naive** (baseline): the same verification code (``bot.lark.webhook.verify``), then the
+* **naive** (baseline): the same verification code (``bot.lark.transport.webhook.verify``), then the
   model call, and only then the HTTP answer — the handler a first version of a bot is
   usually written as. Its acknowledgement can never be faster than the model.
 * **FeishuChannel** (reference): lark-oapi's own ``FeishuChannel.handle_webhook_request``
@@ -64,7 +64,7 @@ async def _serve_naive(port: int, model_url: str) -> None:
     import anthropic
     from aiohttp import web
 
-    from bot.lark import webhook
+    from bot.lark.transport import webhook
 
     client = anthropic.AsyncAnthropic(base_url=model_url, api_key="bench", max_retries=0,
                                       timeout=anthropic.Timeout(60.0))

@@ -276,7 +276,7 @@ def _off(*_):
     os.replace(tmp, out)
 signal.signal(signal.SIGUSR1, _on)
 signal.signal(signal.SIGUSR2, _off)
-from bot.cli import main
+from bot.infra.cli import main
 sys.exit(main(["serve"]))
 """
 

@@ -25,43 +25,43 @@ from aiohttp import web
 from bot.agent.agent import Agent, Memory
 from bot.llm import Models, UsageBook, build_models
 from bot.commands import CommandDeps, Commands, RuntimeStats
-from bot.config import Settings
+from bot.infra.config import Settings
 from bot.delivery.direct import Conversations
 from bot.delivery.dispatcher import Dispatcher
-from bot.handler import HandlerDeps, MessageHandler
-from bot.inbound import Inbound
+from bot.core.handler import HandlerDeps, MessageHandler
+from bot.core.inbound import Inbound
 from bot.delivery.inbox_store import Inbox
 from bot.delivery.redelivery import Redelivery
 from bot.lark.card_clicks import CardClicks
 from bot.lark.intake import Intake
-from bot.lark.names import CachedNames
+from bot.lark.openapi.names import CachedNames
 from bot.lark.lifecycle import LarkDecoder, decoded as lark_decoded
-from bot.lark.routes import NotAccepting, make_handler
-from bot.log import get_logger
+from bot.lark.transport.routes import NotAccepting, make_handler
+from bot.infra.log import get_logger
 from bot.tools import memory_tools
 from bot.tools.confirm import ToolConfirmations
 from bot.tools.lark_docs import LarkDocs
 from bot.tools.mcp import McpServers
 from bot.tools.registry import ToolRegistry
-from bot.metrics import Metrics
-from memory import chat_events
+from bot.infra.metrics import Metrics
+from memory.sessions import chat_events
 from bot.delivery.outbox_store import Outbox
 from bot.delivery.replicas import Replicas
-from bot.reply import Reply
-from memory.consolidation_queue import ConsolidationQueue
-from memory.consolidator import Consolidator
+from bot.core.reply import Reply
+from memory.working.consolidation_queue import ConsolidationQueue
+from memory.working.consolidator import Consolidator
 from memory.leases import DatabaseClock
 from storage import Database
 from memory.models import caps
-from memory.withdraw import cancel_pending
-from bot.inflight import InFlight
-from memory.episodic import EpisodeStore
-from memory.facts import FactStore
-from memory.modes import ModeStore
+from memory.governance.withdraw import cancel_pending
+from bot.core.inflight import InFlight
+from memory.episodes.store import EpisodeStore
+from memory.facts.store import FactStore
+from memory.profile.modes import ModeStore
 from memory.procedures import ProcedureStore
-from memory.profile import ProfileStore
-from memory.sessions import SessionStore
-from memory.working import MemoryConfig, WorkingMemory
+from memory.profile.store import ProfileStore
+from memory.sessions.store import SessionStore
+from memory.working.view import MemoryConfig, WorkingMemory
 
 log = get_logger("ethan.app")
 
@@ -96,24 +96,24 @@ class EthanApp:
         self.outbox: Outbox | None = None
         self.intake: Intake | None = None
         self.queue: ConsolidationQueue | None = None
-        self.indexer = None                 # memory.vectors.EmbeddingIndexer, with an embedding model
+        self.indexer = None                 # memory.episodes.vectors.EmbeddingIndexer, with an embedding model
         self.commands: Commands | None = None
         self.lark_api = None
         self.sender = None
         self.names: CachedNames | None = None
         self.long_connection = None
         self.inflight: InFlight | None = None
-        self.stt = None            # bot/stt.py: voice messages' speech to text (ETHAN_STT_MODEL)
-        self.parse_pool = None     # bot/parse_pool.py: attachment parsing, off the loop
+        self.stt = None            # bot/media/stt.py: voice messages' speech to text (ETHAN_STT_MODEL)
+        self.parse_pool = None     # bot/media/parse_pool.py: attachment parsing, off the loop
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._background: set[asyncio.Task] = set()
         # Retries, user notices and start-up recovery of acknowledged events (bot/delivery/redelivery.py).
         self.redelivery: Redelivery | None = None
         self.replicas: Replicas | None = None      # a shared (PostgreSQL) database: leases
-        self.schedules = None                      # memory.schedules.ScheduleStore
-        self.reminders = None                      # bot.reminders.Reminders (tools, /reminders)
-        self.scheduler = None                      # bot.scheduler.Scheduler: the one reminder task
+        self.schedules = None                      # memory.schedules.store.ScheduleStore
+        self.reminders = None                      # bot.schedules.reminders.Reminders (tools, /reminders)
+        self.scheduler = None                      # bot.schedules.scheduler.Scheduler: the one reminder task
         self._bot_open_id = ""
         self._identity = asyncio.Event()
         self.models: Models | None = None
@@ -155,7 +155,7 @@ class EthanApp:
     async def start(self) -> None:
         s = self.settings
         self.started_at = time.time()
-        from memory.tokenizer import warm_up
+        from memory.text.tokenizer import warm_up
 
         # jieba's dictionary (~0.6 s, holding the interpreter lock most of it) loads beside the
         # database open and before the port opens: loaded while serving, it made the first
@@ -175,7 +175,7 @@ class EthanApp:
         working = WorkingMemory(self.db, sessions, self.memory_config)
         facts, procedures = FactStore(self.db), ProcedureStore(self.db)
         from bot.llm.embeddings import build_embedder
-        from memory.vectors import EmbeddingIndexer
+        from memory.episodes.vectors import EmbeddingIndexer
 
         embedder = build_embedder(s)      # None: recall is BM25 alone (ETHAN_EMBEDDING_MODEL empty)
         profile, episodes, modes = ProfileStore(self.db), EpisodeStore(self.db, embedder=embedder), ModeStore(self.db)
@@ -216,10 +216,10 @@ class EthanApp:
         self.agent = Agent(self.memory, model, deadline=s.ethan_reply_deadline,
                            on_failure=self._on_model_failure, on_call=self.metrics.model_calls.inc,
                            tools=self.tools)
-        from bot.reminders import Limits, Reminders
-        from bot.timezones import UserZones
-        from bot.tools.schedule import ReminderTools
-        from memory.schedules import ScheduleStore
+        from bot.schedules.reminders import Limits, Reminders
+        from bot.schedules.timezones import UserZones
+        from bot.schedules.tool import ReminderTools
+        from memory.schedules.store import ScheduleStore
 
         # Due times and reminder leases in the database's time too: a replica whose clock runs
         # ahead would otherwise send a reminder early and take over another's live claim.
@@ -255,7 +255,7 @@ class EthanApp:
             on_replied=self._on_replied, retry_later=redelivery.retry_later,
         )
         if s.lark_enabled:
-            from bot.lark.openapi import OpenApi
+            from bot.lark.openapi.client import OpenApi
             from bot.lark.outbound import LarkSender
 
             # One pooled aiohttp session, owned by OpenApi: made in this loop on the first call,
@@ -266,36 +266,36 @@ class EthanApp:
         # Group speakers' names: looked up in Lark when connected (the console names its own).
         self.names = deps.names = CachedNames(self.lark_api)
         # Lark beyond text: the registry's other events, and attachments (issue 20).
-        # The adapter translates (bot/lark/events.py, lifecycle.py), the core decides (bot/lifecycle.py).
+        # The adapter translates (bot/lark/events.py, lifecycle.py), the core decides (bot/core/lifecycle.py).
         from bot.lark.lifecycle import LarkActions
-        from bot.lifecycle import Lifecycle, LifecycleDeps
+        from bot.core.lifecycle import Lifecycle, LifecycleDeps
 
         deps.events = Lifecycle(LifecycleDeps(
             db=self.db, finish=self.inbox.finish, run_command=self.commands.run,
             actions=LarkActions(self.sender, self.lark_api) if self.sender is not None else None,
             recall_replies=s.ethan_recall_replies, confirm_ttl_s=s.ethan_confirm_card_minutes * 60))
         if self.lark_api is not None:
-            from bot.lark.resources import LarkFetcher
+            from bot.lark.openapi.resources import LarkFetcher
 
             deps.fetch = LarkFetcher(self.lark_api, self.names)
-        from bot.parse_pool import ParseLimits, ParsePool
+        from bot.media.parse_pool import ParseLimits, ParsePool
 
         self.parse_pool = deps.parse_pool = ParsePool(ParseLimits(
             workers=s.ethan_parse_workers, cpu_seconds=s.ethan_parse_cpu_seconds,
             timeout=s.ethan_parse_timeout, memory_mb=s.ethan_parse_memory_mb))
         deps.vision = lambda: caps(getattr(self.agent.model, "name", "")).vision
         if self.lark_api is not None:
-            from bot.lark.quoted import LarkQuotes
+            from bot.lark.openapi.quoted import LarkQuotes
 
             deps.quote = LarkQuotes(self.lark_api, self.names, vision=deps.vision, pool=self.parse_pool)
-            from bot.lark.chats import CachedChatModes
-            from bot.lark.discussion import LarkDiscussion
+            from bot.lark.openapi.chats import CachedChatModes
+            from bot.lark.openapi.discussion import LarkDiscussion
 
             deps.discussion = LarkDiscussion(self.lark_api, self.names,
                                              budget_tokens=s.ethan_group_context_tokens)
 
             deps.decode = LarkDecoder(self.bot_open_id, CachedChatModes(self.lark_api).is_topic_chat)
-        from bot.stt import from_settings as speech_to_text
+        from bot.media.stt import from_settings as speech_to_text
 
         self.stt = deps.stt = speech_to_text(s)
         deps.last_words = self.memory.sessions.last_user_text
@@ -312,7 +312,7 @@ class EthanApp:
         if s.lark_enabled:
             self._spawn(self._resolve_identity(), "identity")
             if s.lark_transport == "ws":
-                from bot.lark.ws import LongConnection
+                from bot.lark.transport.ws import LongConnection
 
                 # Through the proxy: once stopping, a frame is answered 500 (Lark delivers it
                 # again, maybe to another connection) rather than acknowledged unanswered.
@@ -332,7 +332,7 @@ class EthanApp:
             await redelivery.recover()
         self._spawn(redelivery.housekeeping(close_idle=self._close_idle, outbox=self.outbox), "housekeeping")
         if self.sender is not None and self.recover_inbox:    # `ethan chat` beside a server sends none
-            from bot.scheduler import LarkDelivery, Scheduler
+            from bot.schedules.scheduler import LarkDelivery, Scheduler
 
             self.scheduler = Scheduler(self.schedules, LarkDelivery(self.sender, self.db),
                                        compose=self._compose_reminder, clock=self.schedules.clock,
@@ -382,7 +382,7 @@ class EthanApp:
                                             to_model=f"{nxt.provider}:{nxt.name}", kind=kind).inc()
 
     async def _start_http(self) -> None:
-        from bot.offline_model import setup_offline_model
+        from bot.offline.server import setup_offline_model
         from bot.web.console import ConsoleDeps, setup_console
         from bot.web.errors import quiet_malformed_requests
         from bot.web.health import setup_health
@@ -408,7 +408,7 @@ class EthanApp:
             is_admin=s.is_admin))
         # keepalive_timeout also bounds a connection that never completes its request head
         # (aiohttp arms it at connect; data arriving does not re-arm it); body reads have their
-        # own deadline (bot/web/auth.py read_body_within, bot/lark/routes.py). Lingering after
+        # own deadline (bot/web/auth.py read_body_within, bot/lark/transport/routes.py). Lingering after
         # an early answer is kept short so refused half-bodies do not hold sockets.
         self._runner = web.AppRunner(self.web, access_log=None, handle_signals=False,
                                      shutdown_timeout=2.0, keepalive_timeout=HEADER_TIMEOUT_S,
@@ -460,7 +460,7 @@ class EthanApp:
         from bot.agent.prompt import build_system
         from bot.tools import ToolContext
         from memory.scope import Scope
-        from memory.working import ContextView
+        from memory.working.view import ContextView
 
         scope = Scope(user_id=job.owner_id, chat_id=job.chat_id, chat_type=job.chat_type)
         m = self.memory
@@ -494,7 +494,7 @@ class EthanApp:
 
     async def _on_recall(self, message_id: str, chat_id: str) -> int:
         """At intake, before the recall queues behind what it cancels: the answer being
-        written now is stopped (bot/inflight.py), a pending one never starts."""
+        written now is stopped (bot/core/inflight.py), a pending one never starts."""
         stopped = self.inflight.stop(message_id, chat_id) if self.inflight is not None else False
         return int(stopped) + await cancel_pending(self.db, message_id, chat_id)
 
@@ -502,11 +502,11 @@ class EthanApp:
         """The reply for a stored (Lark) message."""
         if self.sender is None:
             # No Lark transport, e.g. an event an earlier Lark-connected run left pending.
-            from bot.reply import CollectingReply
+            from bot.core.reply import CollectingReply
 
             return CollectingReply()
         from bot.lark.outbound import LarkReply
-        from bot.lark.render import LOCALES
+        from bot.lark.outbound.render import LOCALES
 
         reply = LarkReply(self.sender, message_id=inbound.message_id, chat_id=inbound.chat_id,
                           in_thread=inbound.in_thread, uuid_base=f"r-{inbound.message_id}",
@@ -632,7 +632,7 @@ async def serve(settings: Settings) -> None:
         # The SDK's module graph (imported on a thread once the long connection starts, ~2 s)
         # lives as long as the process too: frozen with the rest, or every full collection
         # walks it (40–130 ms pauses under load, the long connection's acknowledgement tail).
-        from bot.lark import compat
+        from bot.lark.transport import compat
         # An SDK that fails to import is the long connection's to report (its state, /healthz).
         with contextlib.suppress(Exception):
             await asyncio.to_thread(compat.session_class)

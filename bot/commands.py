@@ -18,7 +18,7 @@ conversation is Chinese, English otherwise.
 
 Admin commands (``ETHAN_ADMINS``): ``/reset``, ``/reset user``, ``/stats``. Every admin
 action — and every refused attempt (``allowed=0``) — is written to the audit table
-(``memory/audit.py``). The audit row of ``/reset user`` names the erased open_id: the one
+(``memory/governance/audit.py``). The audit row of ``/reset user`` names the erased open_id: the one
 place it remains, for accountability.
 """
 
@@ -30,16 +30,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from bot.agent.agent import Memory
-from bot.inbound import CHANNEL, WEB_API, Inbound
-from bot.log import get_logger
-from bot.text import ambiguous_session, is_chinese, short, when as _when
-from memory.audit import AuditLog
-from memory.consolidation_store import ConsolidationStore
-from memory.erase import erase_user, forget_memory
-from memory.forget import forget_fact, forget_profile_entry
-from memory.modes import COMPANION, WORK, parse_mode
+from bot.core.inbound import CHANNEL, WEB_API, Inbound
+from bot.infra.log import get_logger
+from bot.core.text import ambiguous_session, is_chinese, short, when as _when
+from memory.governance.audit import AuditLog
+from memory.working.consolidation_store import ConsolidationStore
+from memory.governance.erase import erase_user, forget_memory
+from memory.governance.forget import forget_fact, forget_profile_entry
+from memory.profile.modes import COMPANION, WORK, parse_mode
 from memory.scope import Scope
-from memory.stats import Stats
+from memory.governance.stats import Stats
 
 log = get_logger("ethan.commands")
 
@@ -102,7 +102,7 @@ ADMIN_HELP = {
 
 class Confirmation(str):
     """A question before a destructive command: the text asks to type ``confirm``; a transport
-    with buttons (Lark's card, bot/lark/reply.py ``ask_confirm``) shows confirm/cancel
+    with buttons (Lark's card, bot/lark/outbound/reply.py ``ask_confirm``) shows confirm/cancel
     buttons that run ``command`` (the confirmed form) for the user who asked."""
 
     command: str
@@ -127,7 +127,7 @@ class MemoryItem:
 class MemoryView(str):
     """/memory's answer: the text for transports without cards (console, terminal, /chat), and
     the items for a transport that shows them as a card with Forget / Correct buttons (Lark,
-    bot/lark/memory_card.py). The buttons run the typed commands (``forget_command`` /
+    bot/lark/outbound/memory_card.py). The buttons run the typed commands (``forget_command`` /
     ``correct_command``) for the owner only."""
 
     items: tuple[MemoryItem, ...]
@@ -217,7 +217,7 @@ class CommandDeps:
     is_admin: Callable[[str], bool]
     bot_open_id: Callable[[], Awaitable[str]]    # the bot's own id: never a /reset user target
     runtime: Callable[[], RuntimeStats]
-    reminders: Any = None                         # bot.reminders.Reminders (None: no reminders)
+    reminders: Any = None                         # bot.schedules.reminders.Reminders (None: no reminders)
 
 
 class Commands:
@@ -322,7 +322,7 @@ class Commands:
         return "\n".join(lines)
 
     async def resume(self, ctx: Ctx) -> str:
-        from memory.sessions import AmbiguousSession, SessionNotFound
+        from memory.sessions.store import AmbiguousSession, SessionNotFound
 
         if not ctx.args:
             return ctx.t("用法：/resume <id>（/sessions 查看 id）", "Usage: /resume <id> (see /sessions for ids)")
@@ -446,7 +446,7 @@ class Commands:
         if not ctx.private and fact.visibility != "shared":
             return ctx.t(f"记忆 #{fact_id} 是私聊中记下的，请在私聊中删除。",
                          f"Memory #{fact_id} was learned in our direct chat; delete it there.")
-        # the fact, and what states it in episodes, summaries and profile (memory/forget.py)
+        # the fact, and what states it in episodes, summaries and profile (memory/governance/forget.py)
         counts = await forget_fact(self.db, ctx.user, fact_id)
         if counts is None:
             return ctx.t(f"没有找到你的记忆 #{fact_id}。", f"You have no memory #{fact_id}.")
@@ -699,8 +699,8 @@ class Commands:
     async def reminders(self, ctx: Ctx) -> str:
         """``/reminders``: the sender's own (an admin in a group: the chat's, everyone's), with
         ids, and the occurrences skipped while Ethan was down; ``/reminders cancel <id>``."""
-        from bot.reminders import describe
-        from memory.recurrence import local_iso
+        from bot.schedules.reminders import describe
+        from memory.schedules.recurrence import local_iso
 
         r = self.d.reminders
         if r is None:

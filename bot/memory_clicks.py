@@ -1,10 +1,10 @@
-"""Clicks on the /memory card (Lark: bot/lark/memory_card.py): Forget, Correct, Save, Back —
+"""Clicks on the /memory card (Lark: bot/lark/outbound/memory_card.py): Forget, Correct, Save, Back —
 decided here, for any transport that shows the card (the adapter translates the click into
-``bot.lifecycle.ButtonClicked`` with ``button == "memory"`` and draws the card).
+``bot.core.lifecycle.ButtonClicked`` with ``button == "memory"`` and draws the card).
 
 A click is a row in the inbox like any event and runs in its chat's mailbox, in order with the
 chat's messages. Who owns the card, and which view it shows (a direct chat's private one, or a
-group's), come from the card ledger (memory/chat_events.py ``memory_card``: recorded when Lark
+group's), come from the card ledger (memory/sessions/chat_events.py ``memory_card``: recorded when Lark
 accepted the card), never from the button's value, which a forged click writes as it likes. Only
 the owner acts: another user's click, a click on a card the ledger does not know, and a value
 that disagrees with the ledger change nothing — logged, audited. The owner's click runs the
@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from bot.commands import MemoryView, correct_command, forget_command
-from bot.inbound import Inbound
-from memory import audit, chat_events
+from bot.core.inbound import Inbound
+from memory.governance import audit
+from memory.sessions import chat_events
 
 MEMORY = "memory"                  # ButtonClicked.button of the /memory card's buttons
 REFUSED = "click by another user"
@@ -52,7 +53,7 @@ async def refuse(db: Any, bound: Any, *, clicker: str, owner: str, item: str, ch
 
 
 async def memory_clicked(d: Any, item: Any, ev: Any, bound: Any) -> str:
-    """Handle one click (``d``: bot.lifecycle.LifecycleDeps); returns the inbox row's note."""
+    """Handle one click (``d``: bot.core.lifecycle.LifecycleDeps); returns the inbox row's note."""
     bound = bound.bind(user_id=ev.clicker, card_message_id=ev.card_message_id, op=ev.op[:16])
     # Decided at intake too (bot/lark/card_clicks.py); checked again here from the ledger for a
     # row intake did not decide (stored by an older version, or another replica's).

@@ -1,7 +1,7 @@
 """Leases: which replica works a row right now (DESIGN.md §7, docs/reliability.md "Replicas").
 
 The one lease implementation of every store that shares work between replicas: inbox rows and
-conversations (bot/delivery/inbox_store.py), consolidation jobs (memory/consolidation_queue.py),
+conversations (bot/delivery/inbox_store.py), consolidation jobs (memory/working/consolidation_queue.py),
 and each replica's own liveness (its id held by one live process). A lease is an ``owner`` and
 a ``lease_until`` its owner's heartbeat renews; anybody may take a lease that is free, its own,
 or expired.

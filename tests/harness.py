@@ -27,8 +27,8 @@ from typing import Any
 import aiohttp
 
 from bot.app import EthanApp
-from bot.config import Settings
-from memory.working import MemoryConfig
+from bot.infra.config import Settings
+from memory.working.view import MemoryConfig
 from tests.fakes.fake_anthropic import FakeAnthropic
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_openai import FakeOpenAI

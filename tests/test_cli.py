@@ -4,7 +4,7 @@ backup, help and errors.
 The chat runs as a real subprocess (``python -m bot``) in a clean environment — no
 ANTHROPIC_API_KEY, so the built-in offline model answers over loopback; no LARK_* — with
 ETHAN_HOME in a temporary directory. The commands that only open the database run
-in-process through ``bot.cli.main`` (faster), against sessions seeded with known ids.
+in-process through ``bot.infra.cli.main`` (faster), against sessions seeded with known ids.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import structlog
 
-from bot.cli import main
+from bot.infra.cli import main
 from storage.sqlite import SqliteDatabase
-from memory.export import FILES, MANIFEST
+from memory.governance.export import FILES, MANIFEST
 from memory.scope import Scope
-from memory.sessions import SessionStore
+from memory.sessions.store import SessionStore
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = "ou_local"
@@ -190,7 +190,7 @@ def test_help_lists_every_command_and_ethan_equals_python_m_bot(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _keep_logging():
-    """bot.cli.main configures logging for the process; put the test run's back afterwards."""
+    """bot.infra.cli.main configures logging for the process; put the test run's back afterwards."""
     config = structlog.get_config()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
@@ -232,8 +232,8 @@ async def _seed(path: Path) -> dict[str, str]:
         await store.close_active(local.conv_key)
         # what was derived from Alice's session: her episode, a fact learned only there, and
         # a fact also learned in another session (which stays when the session is deleted)
-        from memory.episodic import EpisodeStore
-        from memory.facts import FactStore
+        from memory.episodes.store import EpisodeStore
+        from memory.facts.store import FactStore
 
         await EpisodeStore(db).write(session_id=a.id, user_id="ou_alice", chat_id="oc_alice_dm", chat_type="p2p",
                                      summary="Alice 想学做乌龙茶。", turn_count=2,
@@ -243,7 +243,7 @@ async def _seed(path: Path) -> dict[str, str]:
         await facts.add(alice, "用户住在杭州", "knowledge", source="consolidator", session_id=a.id)
         await facts.add(alice, "用户住在杭州", "knowledge", source="consolidator", session_id=c.id)
         # and likewise a profile entry taught only there, one also taught in another session
-        from memory.profile import ProfileStore
+        from memory.profile.store import ProfileStore
 
         profile = ProfileStore(db)
         await profile.update(alice, "goals", "学会做乌龙茶", session_id=a.id)
@@ -437,8 +437,8 @@ async def test_leaving_the_chat_closes_the_session_and_writes_its_episode(home):
     """Nothing else is pending when the user leaves: the episode comes from leaving itself."""
     import asyncio
 
-    from bot.config import load_settings
-    from bot.terminal import TerminalChat
+    from bot.infra.config import load_settings
+    from bot.infra.terminal import TerminalChat
 
     stdin, out = FeedStdin(), io.StringIO()
     chat = TerminalChat(load_settings(), user_id="ou_carol", stdin=stdin, stdout=out, stderr=io.StringIO())
@@ -465,7 +465,7 @@ async def test_leaving_the_chat_closes_the_session_and_writes_its_episode(home):
 def test_memory_import_cli_round_trip_and_refusal(home, tmp_path, capsys, monkeypatch):
     import asyncio
 
-    from memory.facts import FactStore
+    from memory.facts.store import FactStore
 
     async def seed() -> None:
         db = await SqliteDatabase(home / "ethan.db").open()

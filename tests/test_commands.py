@@ -13,8 +13,8 @@ import time
 import pytest
 import pytest_asyncio
 
-from memory.erase import find_user
-from memory.modes import COMPANION, WORK
+from memory.governance.erase import find_user
+from memory.profile.modes import COMPANION, WORK
 from memory.scope import Scope
 from tests.fakes.lark_events import mention
 from tests.harness import Harness

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.cli import main
+from bot.infra.cli import main
 from storage.schema.postgres import PG_ONLY_TABLES
 from storage import database
 from storage.sqlite import SqliteDatabase
 from tests.test_export import ALICE, BOB, fill
-from memory.sessions import SessionStore
+from memory.sessions.store import SessionStore
 from memory.scope import Scope
 
 
@@ -103,14 +103,14 @@ def test_copy_refuses_a_target_holding_another_database(home, pg_cluster, capsys
 
 
 async def test_the_copy_knows_every_table_of_the_schema(tmp_path):
-    """A table added by a migration but missing from memory.copy.ORDER would silently stay
+    """A table added by a migration but missing from memory.governance.copy.ORDER would silently stay
     behind when a team moves to PostgreSQL."""
-    from memory.copy import ORDER
+    from memory.governance.copy import ORDER
 
     db = await SqliteDatabase(tmp_path / "t.db").open()
     try:
         tables = set(await db.table_columns()) - {"schema_version"}
     finally:
         await db.close()
-    assert tables - set(ORDER) == set(), "add these tables to memory/copy.py ORDER"
+    assert tables - set(ORDER) == set(), "add these tables to memory/governance/copy.py ORDER"
     assert set(ORDER) - tables == set()

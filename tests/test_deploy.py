@@ -3,7 +3,7 @@
 No image is built here (there is no Docker engine on CI); instead the Dockerfile, compose.yaml
 and the systemd unit are parsed and checked against what the code and the README define:
 the command `make run` runs, the variables `.env.example` documents, the shutdown deadline of
-``bot.config.Settings``, the /healthz route. The container's command and its HEALTHCHECK are
+``bot.infra.config.Settings``, the /healthz route. The container's command and its HEALTHCHECK are
 then run for real against a local `ethan serve`.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.config import ConfigError, Settings, load_settings
+from bot.infra.config import ConfigError, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -262,7 +262,7 @@ def test_fixed_environment_entries_are_real_settings(dockerfile, servers, unit):
     for where, env in (("Dockerfile ENV", image_env), *(("compose environment", s["environment"]) for s in servers),
                        ("unit Environment=", unit_env)):
         unknown = [k for k in env if k.startswith(("ETHAN_", "LARK_", "ANTHROPIC_")) and k not in fields]
-        assert not unknown, f"{where} sets {unknown}, which bot/config.py does not read"
+        assert not unknown, f"{where} sets {unknown}, which bot/infra/config.py does not read"
 
 
 def _dockerfile_env(dockerfile: list[Instruction]) -> dict[str, str]:
@@ -628,7 +628,7 @@ def test_operations_guide_names_every_log_event_and_metric():
     assert len(emitted) > 20
     missing = sorted(e for e in emitted if f"`{e}`" not in text)
     assert not missing, f"docs/operations.md does not describe the log events {missing}"
-    metrics = set(re.findall(r'(?:Counter|Gauge|Histogram)\(\s*"([a-z_]+)"', (ROOT / "bot" / "metrics.py").read_text()))
+    metrics = set(re.findall(r'(?:Counter|Gauge|Histogram)\(\s*"([a-z_]+)"', (ROOT / "bot" / "infra" / "metrics.py").read_text()))
     assert len(metrics) >= 8
     missing = sorted(m for m in metrics if m not in text)
     assert not missing, f"docs/operations.md does not describe the metrics {missing}"

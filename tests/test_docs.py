@@ -133,7 +133,7 @@ def test_every_scope_the_code_names_is_documented_in_both_places():
 
 
 def test_every_event_the_code_handles_is_documented_in_both_places():
-    code = "\n".join(p.read_text() for p in (ROOT / "bot" / "lark").glob("*.py"))
+    code = "\n".join(p.read_text() for p in (ROOT / "bot" / "lark").rglob("*.py"))
     events = set(re.findall(r'"((?:im|card)\.[a-z_.]+?(?:_v\d+|\.trigger))"', code))
     assert {"im.message.receive_v1", "im.message.recalled_v1", "card.action.trigger"} <= events, events
     readme = _section(README, "## Connecting Lark / Feishu")
@@ -157,7 +157,7 @@ def test_the_postgresql_ratio_is_the_latest_bench():
 def test_the_offline_model_is_not_described_as_a_missing_anthropic_key():
     texts = {"README.md": README, "docs/operations.md": OPERATIONS,
              "docs/console.md": (ROOT / "docs" / "console.md").read_text(),
-             "bot/cli.py": (ROOT / "bot" / "cli.py").read_text()}
+             "bot/infra/cli.py": (ROOT / "bot" / "infra" / "cli.py").read_text()}
     wrong = re.compile(r"(?:no|without)\s+`?ANTHROPIC_API_KEY`?(?:\s+in the env file)?\s*(?:[:)(|]|the built-in)|"
                        r"`?ANTHROPIC_API_KEY`?\s+empty to use the built-in offline", re.I)
     bad = {name: m.group(0) for name, text in texts.items() for m in [wrong.search(text)] if m}
@@ -187,7 +187,7 @@ _NOT_SETTINGS = {"ETHAN_CHROMIUM", "ETHAN_PG_BINDIR", "ETHAN_CI_IN_CLONE"}   # t
 
 
 def test_every_documented_setting_is_read_by_the_code_and_every_setting_is_documented():
-    from bot.config import Settings
+    from bot.infra.config import Settings
 
     # config.yaml-only mappings (providers:, mcp_servers:, tools:) are not environment variables
     fields = {name.upper() for name in Settings.model_fields
@@ -202,4 +202,4 @@ def test_every_documented_setting_is_read_by_the_code_and_every_setting_is_docum
         for var in set(re.findall(r"\b((?:ETHAN|LARK)_[A-Z0-9_]*[A-Z0-9])\b", text)):
             if var not in fields and var not in _NOT_SETTINGS:
                 unknown.setdefault(name, []).append(var)
-    assert not unknown, f"documented variables that bot/config.py does not read: {unknown}"
+    assert not unknown, f"documented variables that bot/infra/config.py does not read: {unknown}"

@@ -1,4 +1,4 @@
-"""Erasing one user (memory/erase.py): one transaction, every table, nobody else touched.
+"""Erasing one user (memory/governance/erase.py): one transaction, every table, nobody else touched.
 
 Data is written through the real stores; the check afterwards is an independent scan of
 every column of every table in the database for the user's ids.
@@ -21,17 +21,17 @@ def backend(request) -> str:
     return request.param
 
 from bot.delivery.inbox_store import Inbox
-from memory.audit import AuditLog
-from memory.consolidation_state import Work
-from memory.consolidation_store import ConsolidationStore
-from memory.episodic import EpisodeStore
-from memory.erase import ERASED_PAYLOAD, erase_user, find_user
-from memory.facts import FactStore
-from memory.modes import COMPANION, ModeStore
+from memory.governance.audit import AuditLog
+from memory.working.consolidation_state import Work
+from memory.working.consolidation_store import ConsolidationStore
+from memory.episodes.store import EpisodeStore
+from memory.governance.erase import ERASED_PAYLOAD, erase_user, find_user
+from memory.facts.store import FactStore
+from memory.profile.modes import COMPANION, ModeStore
 from memory.procedures import ProcedureStore
-from memory.profile import ProfileStore
+from memory.profile.store import ProfileStore
 from memory.scope import Scope
-from memory.sessions import SessionStore
+from memory.sessions.store import SessionStore
 from tests.fakes.lark_events import make_text_event
 
 ALICE, BOB = "ou_alice", "ou_bob"
@@ -244,7 +244,7 @@ async def test_chat_rules_she_set_stay_with_the_chat(world):
 
 
 async def test_deleting_a_session_removes_profile_entries_learned_only_there(db):
-    from memory.erase import delete_session
+    from memory.governance.erase import delete_session
 
     sessions, profile = SessionStore(db), ProfileStore(db)
     alice = Scope(user_id=ALICE, chat_id=P2P_A, chat_type="p2p", message_id="om_1")
@@ -274,7 +274,7 @@ async def test_deleting_a_session_removes_profile_entries_learned_only_there(db)
 
 
 async def test_a_fact_and_an_entry_she_typed_stay_when_their_session_goes(db):
-    from memory.erase import delete_session
+    from memory.governance.erase import delete_session
 
     sessions, facts, profile = SessionStore(db), FactStore(db), ProfileStore(db)
     alice = Scope(user_id=ALICE, chat_id=P2P_A, chat_type="p2p", message_id="om_1")
@@ -288,13 +288,13 @@ async def test_a_fact_and_an_entry_she_typed_stay_when_their_session_goes(db):
     assert [e.entry for e in await profile.list(ALICE)] == ["学茶艺"]
 
 
-# -- other members' group episodes (DESIGN.md §4; memory/erase.py) --------------------------------
+# -- other members' group episodes (DESIGN.md §4; memory/governance/erase.py) --------------------------------
 
 CAROL = "ou_carol"
 
 
 async def test_other_members_group_episodes_lose_her_words_and_keep_theirs(db, backend):
-    from memory.erase import REDACTED_MODEL
+    from memory.governance.erase import REDACTED_MODEL
 
     sessions, episodes = SessionStore(db), EpisodeStore(db)
     n = iter(range(100))

@@ -1,4 +1,4 @@
-"""`ethan memory export` / `import` (memory/export.py): the spec's file layout, validation,
+"""`ethan memory export` / `import` (memory/governance/export.py): the spec's file layout, validation,
 all-or-nothing, idempotence, and a lossless round trip through a fresh database."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from tests.conftest import BACKENDS
 
 async def open_target(target):
     return await open_target_db(target).open()
-from memory.episodic import EpisodeStore
-from memory.export import FILES, MANIFEST, SCHEDULES, ImportRefused, collect, export_user, import_user, read_bundle
-from memory.facts import FactStore
+from memory.episodes.store import EpisodeStore
+from memory.governance.export import FILES, MANIFEST, SCHEDULES, ImportRefused, collect, export_user, import_user, read_bundle
+from memory.facts.store import FactStore
 from memory.procedures import ProcedureStore
-from memory.profile import ProfileStore
+from memory.profile.store import ProfileStore
 from memory.scope import Scope
 
 ALICE = "ou_alice"
@@ -373,7 +373,7 @@ async def test_episodes_carry_their_turns_and_dates_and_long_text_is_accepted(fi
 async def test_active_reminders_travel_with_the_export_and_are_imported_once(filled, fresh, tmp_path):
     import time as _time
 
-    from memory.schedules import ScheduleStore
+    from memory.schedules.store import ScheduleStore
 
     store = ScheduleStore(filled)
     soon = _time.strftime("%Y-%m-%dT%H:%M", _time.localtime(_time.time() + 86400))

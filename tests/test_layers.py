@@ -24,8 +24,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TRANSPORT_NEUTRAL = ["bot/handler.py", "bot/lifecycle.py", "bot/commands.py", "bot/inbound.py", "bot/reply.py", "bot/delivery/direct.py",
-                     "bot/text.py", "bot/terminal.py", "bot/web/playground.py", "bot/web/chat.py",
+TRANSPORT_NEUTRAL = ["bot/core/handler.py", "bot/core/lifecycle.py", "bot/commands.py", "bot/core/inbound.py", "bot/core/reply.py", "bot/delivery/direct.py",
+                     "bot/core/text.py", "bot/infra/terminal.py", "bot/web/playground.py", "bot/web/chat.py",
                      "bot/web/api.py", "bot/web/data.py"]
 
 
@@ -44,7 +44,7 @@ def imports(path: Path) -> set[str]:
 def test_transport_neutral_modules_do_not_import_lark_or_the_app(rel):
     bad = {m for m in imports(ROOT / rel) if m == "bot.lark" or m.startswith("bot.lark.") or m == "lark_oapi"
            or m.startswith("lark_oapi.")}
-    if rel != "bot/terminal.py":          # the terminal starts the app; nothing else may
+    if rel != "bot/infra/terminal.py":          # the terminal starts the app; nothing else may
         bad |= {m for m in imports(ROOT / rel) if m == "bot.app"}
     assert not bad, f"{rel} imports {sorted(bad)}"
 
@@ -57,7 +57,7 @@ ENGINE = "storage"                    # the storage engine package: the drivers 
 DRIVERS = {"aiosqlite", "psycopg", "psycopg_pool", "asyncpg"}
 # Store modules outside memory/: the delivery spine's own stores (tests/test_storage_contract.py).
 BOT_STORES = ("bot/delivery/*_store.py",)
-ENTRY_POINTS = {"bot/cli.py", "bot/terminal.py"}     # `ethan serve`, `ethan chat`: they start the app
+ENTRY_POINTS = {"bot/infra/cli.py", "bot/infra/terminal.py"}     # `ethan serve`, `ethan chat`: they start the app
 
 
 def product_files(root: Path = ROOT) -> list[Path]:
@@ -215,24 +215,24 @@ def test_each_rule_sees_its_break(tmp_path):
     issue 28: memory/db.py ↔ memory/pg.py, bot/lark/events.py ↔ normalize.py through a lazy import)."""
     files = {
         "bot/__init__.py": "",
-        "bot/handler.py": "async def f(db):\n    return await db.fetchall('SELECT id FROM inbox')\n",
+        "bot/core/handler.py": "async def f(db):\n    return await db.fetchall('SELECT id FROM inbox')\n",
         "bot/web.py": "import psycopg\n",
         "bot/status.py": "def g():\n    from bot.app import EthanApp\n    return EthanApp\n",
         "bot/app.py": "",
-        "bot/cli.py": "from bot.app import EthanApp\n",
+        "bot/infra/cli.py": "from bot.app import EthanApp\n",
         "bot/lark/__init__.py": "",
         "bot/lark/events.py": "def ms(v):\n    from bot.lark.normalize import epoch_seconds\n    return epoch_seconds(v)\n",
         "bot/lark/normalize.py": "from bot.lark.events import ms\n",
         "memory/__init__.py": "",
         "memory/own.py": "import sqlite3\nconn = sqlite3.connect('x.db')\nQ = 'SELECT 1 FROM t'\n",
-        "memory/facts.py": "from storage import Database\nQ = 'SELECT id FROM facts'\n",
+        "memory/facts/store.py": "from storage import Database\nQ = 'SELECT id FROM facts'\n",
         "storage/__init__.py": "from storage.port import Database\n",
         "storage/port.py": "import aiosqlite\nQ = 'SELECT 1 FROM t'\nclass Database: ...\n",
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    assert set(sql_misplaced(tmp_path)) == {"bot/handler.py", "bot/web.py", "memory/own.py"}   # a driver too
+    assert set(sql_misplaced(tmp_path)) == {"bot/core/handler.py", "bot/web.py", "memory/own.py"}   # a driver too
     assert drivers_outside_the_engine(tmp_path) == {"bot/web.py": ["psycopg"],
                                                     "memory/own.py": ["line 2: sqlite3.connect"]}
     assert app_importers(tmp_path) - ENTRY_POINTS == {"bot/status.py"}

@@ -45,7 +45,7 @@ def test_the_engine_imports_no_layer_above_it():
 
 
 def test_importing_the_port_loads_no_driver():
-    code = ("import sys, storage, memory.facts, memory.sessions; "
+    code = ("import sys, storage, memory.facts.store, memory.sessions.store; "
             f"print([m for m in {DRIVERS!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -19,23 +19,23 @@ from typing import Any, Callable
 from bot.agent.loop import run_loop
 from bot.agent.prompt import with_images, MemoryBlocks, build_system, mark_cache, unique_facts, volatile_context, with_context
 from bot.agent.router import route
-from bot.log import get_logger
-from bot.reply import Capability, Reply
-from bot.text import is_chinese
+from bot.infra.log import get_logger
+from bot.core.reply import Capability, Reply
+from bot.core.text import is_chinese
 from bot.tools import ToolContext, default_registry
 from bot.tools.registry import ToolRegistry
-from memory.consolidation_queue import ConsolidationQueue
+from memory.working.consolidation_queue import ConsolidationQueue
 from storage import Database
-from memory.episodic import EpisodeStore
-from memory.facts import FactStore
-from memory.modes import ModeStore
+from memory.episodes.store import EpisodeStore
+from memory.facts.store import FactStore
+from memory.profile.modes import ModeStore
 from memory.queries import answer, fetch_together
 from memory.procedures import ProcedureStore
-from memory.profile import ProfileStore
+from memory.profile.store import ProfileStore
 from memory.llm import ChatModel, ModelFailure
 from memory.scope import Scope
-from memory.sessions import SessionStore
-from memory.working import WorkingMemory
+from memory.sessions.store import SessionStore
+from memory.working.view import WorkingMemory
 
 log = get_logger("ethan.agent")
 
@@ -48,7 +48,7 @@ class UserTurn:
     message_id: str | None = None     # the transport's id: a redelivery is recognised by it
     truncated: bool = False
     # Image blocks (memory.llm.ImageBlock) read with this message: sent in this request only;
-    # history keeps the text's reference to them (bot/attachments.py).
+    # history keeps the text's reference to them (bot/media/attachments.py).
     images: tuple[dict, ...] = ()
     # Untrusted material for this request only (the quoted message, the group's discussion),
     # already fenced as data: in front of the user's words, never stored in history — so
@@ -90,7 +90,7 @@ class AgentResult:
     usage: dict = field(default_factory=dict)   # input/output/cache_read/cache_write tokens, all calls
     replayed: bool = False
     # Answered earlier together with this message: the reply to that message carried it and
-    # nothing was sent here (a caller that waits for its answer hears it: bot/handler.py).
+    # nothing was sent here (a caller that waits for its answer hears it: bot/core/handler.py).
     answered_with: str = ""
     model: str = ""          # the model that answered (a fallback, maybe)
     provider: str = ""

@@ -3,7 +3,7 @@ prompt cache hits: nothing here depends on the user, the time or the memory."""
 
 from __future__ import annotations
 
-from memory.modes import COMPANION, WORK
+from memory.profile.modes import COMPANION, WORK
 
 _COMMON = """\
 You have a long-term memory of the people you talk with. Tagged blocks that may follow —

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from bot.agent.persona import persona
-from bot.inbound import Material
-from memory.episodic import episode_lines
+from bot.core.inbound import Material
+from memory.episodes.store import episode_lines
 from memory.models import caps
-from memory.similarity import normalise
-from memory.untrusted import TAG as UNTRUSTED_TAG
-from memory.working import LONG_TERM_TAG, SUMMARY_TAG, estimate_tokens
+from memory.text.similarity import normalise
+from memory.text.untrusted import TAG as UNTRUSTED_TAG
+from memory.working.view import LONG_TERM_TAG, SUMMARY_TAG, estimate_tokens
 
 MAX_BREAKPOINTS = 4             # Anthropic refuses a request with more
 
@@ -56,10 +56,10 @@ def fence(tag: str, body: str) -> str:
 
 
 def fence_material(*items: Material) -> str:
-    """Third-party material (``bot.inbound.Material``) as data, one fence per item, joined by
+    """Third-party material (``bot.core.inbound.Material``) as data, one fence per item, joined by
     blank lines: ``<untrusted_content kind="…" source="…" author="…" time="…">escaped
     text</untrusted_content>``. Attributes and text are escaped, so the material cannot close
-    its fence, forge another or a speaker line; memory/untrusted.py recognises the form (the
+    its fence, forge another or a speaker line; memory/text/untrusted.py recognises the form (the
     consolidator never takes the user's facts from it)."""
     a = lambda v: html.escape(v or "", quote=True)  # noqa: E731
     return "\n\n".join(
@@ -82,8 +82,8 @@ class MemoryBlocks:
     mode: str = "work"
     rules: tuple[str, ...] = ()
     profile: str = ""
-    facts: tuple[Any, ...] = ()          # memory.facts.Fact
-    episodes: tuple[Any, ...] = ()       # memory.episodic.Episode
+    facts: tuple[Any, ...] = ()          # memory.facts.store.Fact
+    episodes: tuple[Any, ...] = ()       # memory.episodes.store.Episode
     long_term: str = ""
     summary: str = ""
     hot_turns: int = 0
@@ -153,7 +153,7 @@ def volatile_context(blocks: MemoryBlocks, *, today: str = "") -> str:
     sections: list[str] = []
     if blocks.episodes:
         # each episode: its heading (date, summary, keywords), then the lines said there that
-        # answer the message, with date and speaker (memory.episodic.episode_lines; the budget
+        # answer the message, with date and speaker (memory.episodes.store.episode_lines; the budget
         # is recall's, docs/memory.md)
         lines = [escape(line) for e in blocks.episodes for line in episode_lines(e)]
         sections.append(fence("related_episodes", "\n".join(lines)))

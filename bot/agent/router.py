@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memory.similarity import normalise
+from memory.text.similarity import normalise
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,9 @@ import asyncio
 from typing import Callable
 
 from bot.delivery.dispatcher import Dispatcher
-from bot.handler import DirectJob, Outcome
-from bot.inbound import Inbound
-from bot.reply import Reply
+from bot.core.handler import DirectJob, Outcome
+from bot.core.inbound import Inbound
+from bot.core.reply import Reply
 
 
 class NotAccepting(Exception):

@@ -18,7 +18,7 @@ import asyncio
 import collections
 from typing import Any, Awaitable, Callable
 
-from bot.log import get_logger
+from bot.infra.log import get_logger
 from storage import is_database_error
 
 log = get_logger("ethan.dispatch")

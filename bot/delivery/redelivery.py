@@ -29,9 +29,9 @@ import time
 from typing import Awaitable, Callable
 
 from bot.delivery.inbox_store import STALE_SECONDS, Inbox, InboxItem
-from bot.handler import DirectJob
-from bot.log import get_logger
-from bot.text import is_chinese
+from bot.core.handler import DirectJob
+from bot.infra.log import get_logger
+from bot.core.text import is_chinese
 from storage import is_database_error
 
 log = get_logger("ethan.app")

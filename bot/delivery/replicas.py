@@ -36,7 +36,7 @@ from typing import Awaitable, Callable
 
 from bot.delivery.dispatcher import Dispatcher
 from bot.delivery.inbox_store import Inbox, InboxItem
-from bot.log import get_logger
+from bot.infra.log import get_logger
 from memory.leases import DatabaseClock
 
 log = get_logger("ethan.replicas")

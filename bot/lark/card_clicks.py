@@ -4,7 +4,7 @@ one, only if it arrives within 3 s — on the webhook (the HTTP response body) a
 connection (the response frame's ``data``) alike. The command itself runs later, in the chat's
 mailbox (bot/lark/lifecycle.py), which then shows its outcome on the card.
 
-Who may act is decided from the confirm-card ledger (memory/chat_events.py), not from the
+Who may act is decided from the confirm-card ledger (memory/sessions/chat_events.py), not from the
 button's value: a card the bot did not send (or sent longer ago than
 ``ETHAN_CONFIRM_CARD_MINUTES``) runs nothing, only the user asked may confirm, and only the
 first click decides (one conditional UPDATE, atomic across replicas). A refused, repeated or
@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot import memory_clicks
-from bot.lark.cards import confirm_outcome_card, expired_card
-from bot.log import get_logger
-from memory import audit, chat_events
+from bot.lark.outbound.cards import confirm_outcome_card, expired_card
+from bot.infra.log import get_logger
+from memory.governance import audit
+from memory.sessions import chat_events
 
 log = get_logger("ethan.lark.cards")
 
@@ -39,7 +40,7 @@ TOASTS = {
     # a tool-confirm card (bot/tools/confirm.py)
     "tool decided": ("success", "收到。", "Got it."),
     "tool unknown": ("info", "已经处理过了，或已过期。", "Already done, or expired."),
-    # the /memory card (bot/lark/memory_card.py; decided in bot/memory_clicks.py)
+    # the /memory card (bot/lark/outbound/memory_card.py; decided in bot/memory_clicks.py)
     "memory owner only": ("warning", "只有这张卡片的主人可以操作，什么都没改。", "Only the card's owner can do that — nothing changed."),
     "memory on it": ("info", "好的，正在处理。", "OK — on it."),
     "memory not ours": ("warning", "这张卡片与我发出的记忆卡片不符，什么都没改。请重新发送 /memory。",
@@ -118,7 +119,7 @@ class CardClicks:
                         acts=False, note=note)
 
     async def _memory(self, ev: Any, event_id: str, value: dict) -> Decision:
-        """A /memory card button, decided from the card ledger (memory/chat_events.py
+        """A /memory card button, decided from the card ledger (memory/sessions/chat_events.py
         ``memory_card``), not the value: a card Ethan did not send, another user's click, or a
         value that disagrees with the ledger (``p2p`` on a group's card) is refused here (a
         toast, the row finished: it changes nothing); the owner's goes on to the mailbox

@@ -6,7 +6,7 @@ hands the decoded event on with the inbox row (``InboxItem.event``); a row read 
 database (after a restart, from another replica) is decoded once when it is handled. Nothing
 parses the payload again: the handler's decoder (bot/lark/lifecycle.py) translates the
 decoded event into the neutral one the core works on — ``Inbound`` for a message (``spec.event``
-says which), a bot/lifecycle.py event otherwise — with the spec's ``translate``.
+says which), a bot/core/lifecycle.py event otherwise — with the spec's ``translate``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bot import lifecycle as core
-from bot.inbound import Inbound
+from bot.core import lifecycle as core
+from bot.core.inbound import Inbound
 from bot.lark.normalize import epoch_seconds, message_inbound
 from memory.scope import conversation_key
 
@@ -164,12 +164,12 @@ class Routing:
 class EventSpec:
     """One row of the registry: how an event type is parsed (``model``), where it goes
     (``route``) and what it becomes inside (``translate`` → an ``event``: the neutral type the
-    core's handler table, bot/lifecycle.py ``HANDLERS``, or the handler's message path takes)."""
+    core's handler table, bot/core/lifecycle.py ``HANDLERS``, or the handler's message path takes)."""
 
     event_type: str
     model: type[_Wire]
     route: Callable[[Any, Header], Routing]
-    event: type                  # Inbound | a bot.lifecycle event
+    event: type                  # Inbound | a bot.core.lifecycle event
     translate: Callable[..., Any]   # (body, header, bot_open_id) -> event
 
 
@@ -248,9 +248,9 @@ def _p2p(ev: P2pEnteredEvent, h: Header, _bot: str) -> core.P2pOpened:
 
 def _clicked(ev: CardActionEvent, h: Header, _bot: str) -> core.ButtonClicked:
     # Ethan's confirm card carries {"ethan": confirm|cancel, "user": asker, "cmd": …, "chat_type": …}
-    # (bot/lark/cards.py); any other value is a button the core does not decide.
+    # (bot/lark/outbound/cards.py); any other value is a button the core does not decide.
     # The /memory card's buttons carry {"ethan": "memory", "op", "kind", "id", "user", "chat_type"};
-    # its Save submits the form's input as action.form_value["text"] (bot/lark/memory_card.py).
+    # its Save submits the form's input as action.form_value["text"] (bot/lark/outbound/memory_card.py).
     # "user" and "chat_type" are what the click claims: the card ledger decides (bot/memory_clicks.py).
     value = ev.action.value or {}
     try:

@@ -21,7 +21,7 @@ from bot.lark import events
 from bot.lark.events import Envelope
 from bot.lark.card_clicks import tool_click_response
 from bot.lark.normalize import has_surrogates, scrub
-from bot.log import get_logger
+from bot.infra.log import get_logger
 
 log = get_logger("ethan.intake")
 

@@ -1,12 +1,12 @@
 """Lark's side of the handler's decode and of the chat's lifecycle: this adapter translates and
-acts; the core (bot/lifecycle.py) decides.
+acts; the core (bot/core/lifecycle.py) decides.
 
 * ``LarkDecoder`` — the handler's ``decode``: an inbox item → the neutral event, from the event
   the intake decoded (``InboxItem.event``) or, for a row read back from the database, from one
   decode of its payload (bot/lark/events.py). A message becomes ``Inbound`` (a topic-mode
   group's topic is its thread); a recall, a join or leave, a p2p chat opened, a card click
-  become bot/lifecycle.py's events.
-* ``LarkActions`` — ``bot.lifecycle.ChatActions`` over the Open API: a text message with a uuid,
+  become bot/core/lifecycle.py's events.
+* ``LarkActions`` — ``bot.core.lifecycle.ChatActions`` over the Open API: a text message with a uuid,
   recalling a message, patching a confirm card or the /memory card; Lark's errors become ``DeliveryError``.
 """
 
@@ -16,11 +16,11 @@ import json
 from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
-from bot.inbound import Inbound, NotAMessage
+from bot.core.inbound import Inbound, NotAMessage
 from bot.lark import events
-from bot.lark.cards import confirm_outcome_card
-from bot.lark.openapi import LarkApiError
-from bot.reply import DeliveryError
+from bot.lark.outbound.cards import confirm_outcome_card
+from bot.lark.openapi.client import LarkApiError
+from bot.core.reply import DeliveryError
 
 
 def decoded(item: Any) -> events.LarkEvent | None:
@@ -30,7 +30,7 @@ def decoded(item: Any) -> events.LarkEvent | None:
 
 
 class LarkDecoder:
-    """The handler's ``decode`` for Lark: an inbox item → ``Inbound`` or a bot/lifecycle.py event.
+    """The handler's ``decode`` for Lark: an inbox item → ``Inbound`` or a bot/core/lifecycle.py event.
 
     Raises ``NotAMessage`` for a type not in the registry, ``ValueError`` (pydantic's
     ``ValidationError`` is one) or ``RecursionError`` for a payload that does not parse."""
@@ -38,7 +38,7 @@ class LarkDecoder:
     def __init__(self, bot_open_id: Callable[[], Awaitable[str]],
                  is_topic_chat: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.bot_open_id = bot_open_id
-        self.is_topic_chat = is_topic_chat     # bot/lark/chats.py; None: no topic groups known
+        self.is_topic_chat = is_topic_chat     # bot/lark/openapi/chats.py; None: no topic groups known
 
     async def __call__(self, item: Any) -> Any:
         ev = decoded(item)
@@ -61,11 +61,11 @@ def _refused(e: LarkApiError) -> DeliveryError:
 
 
 class LarkActions:
-    """``bot.lifecycle.ChatActions`` for Lark."""
+    """``bot.core.lifecycle.ChatActions`` for Lark."""
 
     def __init__(self, sender: Any, api: Any) -> None:
-        self.sender = sender          # bot/lark/outbound.py LarkSender
-        self.api = api                # bot/lark/openapi.py OpenApi
+        self.sender = sender          # bot/lark/outbound/__init__.py LarkSender
+        self.api = api                # bot/lark/openapi/client.py OpenApi
 
     async def say(self, chat_id: str, text: str, *, key: str) -> None:
         # The key as the message's uuid: Lark drops a second message with it.
@@ -90,7 +90,7 @@ class LarkActions:
 
     async def show_memory_card(self, card_message_id: str, view: Any, *, chat_type: str, notice: str = "",
                                editing: Any = None) -> None:
-        from bot.lark.memory_card import edit_card, memory_card
+        from bot.lark.outbound.memory_card import edit_card, memory_card
 
         card = (edit_card(view, editing, chat_type=chat_type) if editing is not None
                 else memory_card(view, chat_type=chat_type, notice=notice))

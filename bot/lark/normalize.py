@@ -1,5 +1,5 @@
 """From a decoded Lark message (bot/lark/events.py) to the neutral, frozen ``Inbound``
-(bot/inbound.py) the rest of the bot uses: this adapter translates only. It imports nothing of
+(bot/core/inbound.py) the rest of the bot uses: this adapter translates only. It imports nothing of
 the event registry (which calls it), so the two make no import cycle.
 
 Text is read from ``text`` and ``post`` messages; the bot's own @-placeholder is
@@ -13,8 +13,8 @@ import json
 import math
 from typing import Any
 
-from bot.inbound import LARK, MAX_TEXT_CHARS, Attachment, Inbound, Mention
-from bot.text import SURROGATE, clean_text
+from bot.core.inbound import LARK, MAX_TEXT_CHARS, Attachment, Inbound, Mention
+from bot.core.text import SURROGATE, clean_text
 
 READABLE_TYPES = frozenset({"text", "post"})
 
@@ -103,7 +103,7 @@ def _attachments(message_type: str, message_id: str, content: dict) -> tuple[Att
 
 def _audio(content: dict) -> tuple[Attachment, ...]:
     """A voice message: ``file_key`` and ``duration`` (ms, as Lark declares it — checked again
-    on the bytes, bot/audio.py)."""
+    on the bytes, bot/media/audio.py)."""
     key, ms = content.get("file_key"), content.get("duration")
     if not isinstance(key, str) or not key:
         return ()

@@ -139,7 +139,7 @@ def build_models(settings: Any, *, offline_base_url: str | None = None, offline_
     if offline:
         # the offline model answers under its own name, so sessions, summaries and episodes
         # record who wrote them (not the claude-haiku-4-5 a Claude model would route to)
-        from bot.offline_model import MODEL_NAME as OFFLINE_NAME
+        from bot.offline.server import MODEL_NAME as OFFLINE_NAME
 
         main_name = OFFLINE_NAME
     main = model_for(main_provider, main_name)

@@ -4,7 +4,7 @@ One ``AsyncAnthropic`` client per provider, on the SDK's aiohttp transport; stre
 whose raw event stream we accumulate ourselves; our own retry/deadline policy
 (``bot.llm.policy``). The port's ``"cache": True`` marker becomes
 ``cache_control: {"type": "ephemeral"}``; a block already carrying ``cache_control`` keeps it.
-The offline model (``bot/offline_model.py``) speaks this wire format, so it is served
+The offline model (``bot/offline/server.py``) speaks this wire format, so it is served
 through this adapter too.
 """
 

@@ -1,11 +1,11 @@
-"""The embeddings port's network adapter (memory/embedding.py ``Embedder``): any
+"""The embeddings port's network adapter (memory/episodes/embedding.py ``Embedder``): any
 OpenAI-compatible ``/v1/embeddings`` — OpenAI, Qwen (DashScope), Doubao (Ark), GLM, Gemini's
 OpenAI endpoint, Ollama, vLLM … — through the ``openai`` client and its aiohttp transport.
 
 ``ETHAN_EMBEDDING_MODEL`` picks it (docs/memory.md "Embeddings"):
 
 * empty (default): no embeddings, recall is BM25 alone, exactly as before;
-* ``local``: multilingual-e5-small in-process (``memory.embedding.LocalEmbedder``, the optional
+* ``local``: multilingual-e5-small in-process (``memory.episodes.embedding.LocalEmbedder``, the optional
   extra ``ethan[local-embeddings]``), offline;
 * ``provider:model`` or ``model``: that provider's endpoint (its base URL and key, as for chat
   models: ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` or a config.yaml ``providers:`` entry of kind
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import openai
 
 from bot.llm.openai_model import make_client
-from memory.embedding import Embedder, EmbeddingError, LocalEmbedder, clip, normalise
+from memory.episodes.embedding import Embedder, EmbeddingError, LocalEmbedder, clip, normalise
 
 REQUEST_TIMEOUT_S = 20.0        # one embedding call of the background indexer
 

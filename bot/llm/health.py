@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from bot.llm.policy import log
-from bot.log import safe_url
+from bot.infra.log import safe_url
 from memory.llm import ModelFailure
 
 

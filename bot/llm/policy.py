@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any, Awaitable, Callable
 
-from bot.log import get_logger
+from bot.infra.log import get_logger
 from memory.llm import ModelFailure
 from memory.models import caps
 

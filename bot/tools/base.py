@@ -44,11 +44,11 @@ class ToolContext:
     # The asker belongs to the bot's organisation (the transport says so; False when it cannot):
     # what the organisation shares is theirs to read, not an external member's (lark_docs.py).
     in_org: bool = False
-    # A voice message's transcript when this turn was answered from one (bot/handler.py): in
+    # A voice message's transcript when this turn was answered from one (bot/core/handler.py): in
     # ``user_text`` as if typed, but heard by an outside server — never the user's typed words.
     heard: str = ""
     # What the user typed, when ``user_text`` holds more outside its fences (a file's name, a
-    # transcript: bot/handler.py); None: ``user_text`` without its fences is what they typed.
+    # transcript: bot/core/handler.py); None: ``user_text`` without its fences is what they typed.
     typed: str | None = None
     # Third-party content of the request that no fence shows: "image" (an image block — a
     # screenshot's text is read by the model as well as a file's).
@@ -62,7 +62,7 @@ class ToolContext:
 async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str, Any],
                     others_ok: bool = True) -> None:
     """The one gate of every memory-writing tool (facts, profile, rules): refuse a write that is
-    not the user's own words. Decided from the turn's provenance (memory/untrusted.py):
+    not the user's own words. Decided from the turn's provenance (memory/text/untrusted.py):
 
     - a turn with no third-party material (no fence in the user's text or the request's
       material, no image, no non-memory tool result, no transcript) writes as before — nothing
@@ -77,7 +77,7 @@ async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str
 
     A fact about someone else the user explicitly asks to keep ("记住他的电话" → "用户同事张三的电话
     是…", ``others_ok``) is theirs to keep; a rule never is someone else's."""
-    from memory.untrusted import material_kinds, material_texts, strip, taken_from_material, uncovered
+    from memory.text.untrusted import material_kinds, material_texts, strip, taken_from_material, uncovered
 
     earlier, others = _earlier_material(ctx.history, group=ctx.scope.chat_type != "p2p")
     kinds = (material_kinds(ctx.user_text) | material_kinds(ctx.material) | ctx.carried
@@ -94,7 +94,7 @@ async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str
     if ctx.heard and ctx.typed is None:
         typed = typed.replace(ctx.heard, " ", 1)
     if others_ok:
-        from memory.facts import _others, strong_signals
+        from memory.facts.store import _others, strong_signals
 
         if strong_signals(typed) and _others(content.casefold()):
             return
@@ -130,8 +130,8 @@ def _earlier_material(history: Sequence[dict], *, group: bool) -> tuple[list[tup
     """(kind, text) of the material fenced in the replayed user turns (a forward, a file), and —
     in a group — whether they hold another member's words (a label not the asker's, the
     summaries of everyone's talk): the asker's label is the last one of the current input."""
-    from memory.speaker import speakers
-    from memory.untrusted import fenced
+    from memory.sessions.speaker import speakers
+    from memory.text.untrusted import fenced
 
     texts: list[str] = []
     for m in history:
@@ -150,7 +150,7 @@ def _earlier_material(history: Sequence[dict], *, group: bool) -> tuple[list[tup
 
 
 def _refused(ctx: ToolContext, tool: str, reason: str, kinds: set[str], words: int) -> None:
-    from bot.log import get_logger
+    from bot.infra.log import get_logger
 
     get_logger("ethan.tools").info("tool.write_refused", tool=tool, reason=reason,
                                    provenance=sorted(kinds), chat_id=ctx.scope.chat_id,

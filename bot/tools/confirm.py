@@ -1,6 +1,6 @@
 """Confirmation of a side-effecting tool call in a group: the asker's click, awaited mid-turn.
 
-The turn that wants to run the tool sends a confirm card (bot/lark/reply.py ``confirm_tool``)
+The turn that wants to run the tool sends a confirm card (bot/lark/outbound/reply.py ``confirm_tool``)
 and waits on a future here; the click is resolved at intake (bot/lark/intake.py), not in the
 chat's mailbox, where it would queue behind the very turn that waits for it. Only the asker's
 click decides; anyone else's is ignored (logged) and the card keeps waiting.

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 from urllib.parse import parse_qs, urlparse
 
-from bot.lark.openapi import Category, LarkApiError
-from bot.log import get_logger
+from bot.lark.openapi.client import Category, LarkApiError
+from bot.infra.log import get_logger
 from bot.tools.base import ToolContext, ToolError
 from bot.tools.registry import ToolDef
 

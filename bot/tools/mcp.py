@@ -43,7 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
 
-from bot.log import get_logger
+from bot.infra.log import get_logger
 from bot.tools.base import ToolContext, ToolError
 from bot.tools.registry import ToolDef
 

@@ -31,8 +31,8 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, Sequence
 import jsonschema
 
 from bot.agent.prompt import fence_material
-from bot.inbound import Material
-from bot.log import get_logger
+from bot.core.inbound import Material
+from bot.infra.log import get_logger
 from bot.tools.base import ToolContext, ToolError, ToolOutcome
 from memory.llm import ToolSpec
 

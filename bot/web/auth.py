@@ -4,7 +4,7 @@ Access (DESIGN.md §3, ``ETHAN_CONSOLE_TOKEN``, ``ETHAN_TRUSTED_PROXIES``) is on
 by :meth:`ConsoleAuth.middleware` for every request the server answers, so a route added later
 (``POST /chat``, …) is covered without doing anything:
 
-* Always open: ``POST /lark/events`` (Lark signs it, bot/lark/webhook.py checks that),
+* Always open: ``POST /lark/events`` (Lark signs it, bot/lark/transport/webhook.py checks that),
   ``GET /healthz`` (probes), and what the login page itself needs (``/login``, ``/logout``,
   ``/static/…``). The built-in offline model (``/_offline``) answers only the process's own
   client, which sends a per-process key.
@@ -15,7 +15,7 @@ by :meth:`ConsoleAuth.middleware` for every request the server answers, so a rou
   old "loopback host name = open" rule, that gave everyone behind the proxy the console.
   Without a valid token, API calls (and ``/metrics``) get 401 and HTML pages redirect to
   ``/login``.
-* No token (only allowed on a loopback bind, ``bot/config.py``): open only to a request that is
+* No token (only allowed on a loopback bind, ``bot/infra/config.py``): open only to a request that is
   local on every count — loopback Host name (a DNS-rebinding page sends its own), loopback
   client, and no forwarding header from a proxy we do not trust (a proxy in front means the
   real client is elsewhere). Otherwise 403, saying to set a token.
@@ -50,7 +50,7 @@ from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 
-from bot.log import get_logger
+from bot.infra.log import get_logger
 
 log = get_logger("ethan.web")
 
@@ -350,7 +350,7 @@ def read_body_within(seconds: float = BODY_READ_TIMEOUT_S, *, skip: frozenset = 
     """A middleware reading every request body under a deadline before the handler runs
     (aiohttp has no body read timeout: 400 connections sending half a body and stalling
     were held open for good). /lark/events reads its own body, with the same deadline and
-    its 1 MiB limit (bot/lark/routes.py)."""
+    its 1 MiB limit (bot/lark/transport/routes.py)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -47,15 +47,15 @@ from typing import Any
 
 from aiohttp import web
 
-from memory.audit import AuditLog
-from memory.chat_events import conversation_of_message
+from memory.governance.audit import AuditLog
+from memory.sessions.chat_events import conversation_of_message
 
 from bot.delivery.direct import NotAccepting
-from bot.inbound import WEB_API, typed_message
+from bot.core.inbound import WEB_API, typed_message
 from memory.scope import conversation_key
 from bot.llm.health import problem_setting
-from bot.log import get_logger
-from bot.reply import Capability, ReplyBase
+from bot.infra.log import get_logger
+from bot.core.reply import Capability, ReplyBase
 from bot.web.auth import secure_headers
 from bot.web.data import MAX_TEXT, ApiError, ConsoleData, ConsoleDeps, check_user, read_json
 

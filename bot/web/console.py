@@ -29,8 +29,8 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 
 from bot.llm.health import problem_setting
-from bot.log import get_logger
-from bot.text import when
+from bot.infra.log import get_logger
+from bot.core.text import when
 from bot.web.api import api_routes
 from bot.web.chat import WebChat
 from bot.web.data import ApiError, ConsoleData, ConsoleDeps, check_user

@@ -16,11 +16,11 @@ from aiohttp import web
 
 from bot.agent.agent import Memory
 from bot.delivery.direct import Conversations
-from bot.log import get_logger
+from bot.infra.log import get_logger
 from bot.web.auth import ConsoleAuth
-from memory.forget import forget_fact
+from memory.governance.forget import forget_fact
 from memory.scope import Scope
-from memory.stats import KnownUser, Stats
+from memory.governance.stats import KnownUser, Stats
 
 log = get_logger("ethan.console")
 
@@ -160,7 +160,7 @@ class ConsoleData:
                 "entries": [dataclasses.asdict(e) for e in entries]}
 
     async def save_profile(self, user_id: str, document: Any, base: Any = None) -> dict:
-        from memory.profile import ProfileError
+        from memory.profile.store import ProfileError
 
         check_user(user_id)
         if not isinstance(document, str):
@@ -215,7 +215,7 @@ class ConsoleData:
 
     async def delete_fact(self, user_id: str, fact_id: int) -> dict:
         check_user(user_id)
-        # the fact and its statement in episodes, summaries and profile (memory/forget.py)
+        # the fact and its statement in episodes, summaries and profile (memory/governance/forget.py)
         counts = await forget_fact(self.m.db, user_id, fact_id)
         if counts is None:
             raise ApiError(404, "no such fact for this user")
@@ -266,8 +266,8 @@ class ConsoleData:
     async def reminders(self, user_id: str) -> list[dict]:
         """The user's reminders (active first, then recent finished ones), with their next time
         in the user's zone and the last deliveries."""
-        from memory.recurrence import local_iso
-        from memory.schedules import ScheduleStore
+        from memory.schedules.recurrence import local_iso
+        from memory.schedules.store import ScheduleStore
 
         check_user(user_id)
         store = ScheduleStore(self.m.db)
@@ -280,7 +280,7 @@ class ConsoleData:
         return out
 
     async def cancel_reminder(self, user_id: str, job_id: int) -> dict:
-        from memory.schedules import ScheduleStore
+        from memory.schedules.store import ScheduleStore
 
         check_user(user_id)
         if not await ScheduleStore(self.m.db).cancel(job_id, owner_id=user_id):    # this user's only
@@ -290,7 +290,7 @@ class ConsoleData:
 
     # -- sessions ----------------------------------------------------------------------
     async def sessions(self, user_id: str = "", query: str = "") -> list[dict]:
-        from memory.sessions import EmptyQuery
+        from memory.sessions.store import EmptyQuery
 
         user = check_user(user_id) if user_id else None
         query = (query or "").strip()[:200]
@@ -311,7 +311,7 @@ class ConsoleData:
         return [session_dict(s) for s in await store.list(user_id=user, limit=LIST_LIMIT)]
 
     async def session(self, session_id: str, user_id: str = "") -> dict:
-        from memory.sessions import AmbiguousSession, SessionNotFound
+        from memory.sessions.store import AmbiguousSession, SessionNotFound
 
         if not re.match(r"^[A-Za-z0-9_]{1,64}$", session_id or ""):
             raise ApiError(404, "no such session")
@@ -339,7 +339,7 @@ class ConsoleData:
         return {"session": session_dict(info), "messages": [_asdict(m) for m in messages], "context": context}
 
     async def delete_session(self, session_id: str) -> dict:
-        from memory.erase import delete_session
+        from memory.governance.erase import delete_session
 
         counts = await delete_session(self.m.db, session_id) if re.match(r"^[A-Za-z0-9_]{1,64}$",
                                                                           session_id or "") else None

@@ -5,7 +5,7 @@ busy timeout by another process, a full disk, PostgreSQL restarting) answers 503
 ``Retry-After`` — a JSON ``{"error": …}`` for API and machine callers, a short text for pages —
 and logs one ``web.storage_error`` line with the method, path and error. Nothing is
 half-written: every store write is one transaction. ``/lark/events`` has its own answer (its
-own 503, which Lark retries: bot/lark/webhook.py) and is left alone.
+own 503, which Lark retries: bot/lark/transport/webhook.py) and is left alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from bot.log import get_logger
+from bot.infra.log import get_logger
 from storage import is_database_error
 
 log = get_logger("ethan.web")

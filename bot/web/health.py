@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from bot.config import Settings
-from bot.metrics import Metrics
+from bot.infra.config import Settings
+from bot.infra.metrics import Metrics
 
 
 class Probed(Protocol):

@@ -1,8 +1,8 @@
 """The console playground: a message typed as any user, in a p2p chat or the console's group,
 answered by the same dispatcher, handler, commands, agent and memory as Lark's messages.
 
-The adapter only translates: the request becomes a neutral ``Inbound`` (bot/inbound.py) and
-the answer arrives in this request's own ``PlaygroundReply`` (bot/reply.py's interface), whose
+The adapter only translates: the request becomes a neutral ``Inbound`` (bot/core/inbound.py) and
+the answer arrives in this request's own ``PlaygroundReply`` (bot/core/reply.py's interface), whose
 outcome ``Conversations.ask`` awaits. No Lark event is made up and nothing goes to the inbox.
 """
 
@@ -15,9 +15,9 @@ import uuid
 from typing import Any
 
 from bot.delivery.direct import NotAccepting
-from bot.inbound import CONSOLE, Mention, typed_message
-from bot.log import get_logger
-from bot.reply import Capability, ReplyBase
+from bot.core.inbound import CONSOLE, Mention, typed_message
+from bot.infra.log import get_logger
+from bot.core.reply import Capability, ReplyBase
 from bot.web.data import MAX_TEXT, ApiError, ConsoleData, ConsoleDeps
 
 log = get_logger("ethan.console")
@@ -30,7 +30,7 @@ BOT_NAME = "Ethan"
 
 
 class PlaygroundReply(ReplyBase):
-    """A Reply (bot/reply.py) that keeps what the agent gave it, for one HTTP request."""
+    """A Reply (bot/core/reply.py) that keeps what the agent gave it, for one HTTP request."""
 
     capabilities = frozenset({Capability.MEMORY_PANEL, Capability.TOOL_PANEL})   # the memory panel
 

@@ -68,7 +68,7 @@ V9 = """
 SELECT 1;
 """
 
-# Version 11 (issue 31): vectors for semantic recall (memory/vectors.py). Per episode and
+# Version 11 (issue 31): vectors for semantic recall (memory/episodes/vectors.py). Per episode and
 # embedding model: the summary (seq -1) and each indexed line (seq = its place among the
 # session's lines); float32 BLOBs in sqlite-vec's format. They go with the episode (cascade)
 # and whenever its summary or turns change (the triggers: forget, redaction, a rewrite), so

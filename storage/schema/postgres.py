@@ -340,7 +340,7 @@ CREATE TABLE profile_sources (
 CREATE INDEX profile_sources_session ON profile_sources(session_id);
 """
 
-# Version 9: episode search on PostgreSQL (FTS5's BM25, memory/episodic.py).
+# Version 9: episode search on PostgreSQL (FTS5's BM25, memory/episodes/store.py).
 # - term_array: the terms split once, at write time. The GIN indexes of V1/V4 were over the
 #   expression regexp_split_to_array(terms, ' '); a query the planner answers by a scan (a
 #   common word) or a heap row BM25 reads then re-split every row, which measured ~1 s for a
@@ -444,7 +444,7 @@ CREATE TABLE schedule_deliveries (
 # Version 11: episode vectors (memory/schema/episodic.py V11). REAL[] rather than pgvector's
 # type, so a server without the extension migrates too; recall ranks with pgvector's <=> when
 # the extension is there (tried here: it needs the package, postgresql-15-pgvector, and a role
-# allowed to create it), else with a dot product in SQL (memory/vectors.py).
+# allowed to create it), else with a dot product in SQL (memory/episodes/vectors.py).
 V11 = """
 DO $$ BEGIN CREATE EXTENSION IF NOT EXISTS vector; EXCEPTION WHEN others THEN NULL; END $$;
 CREATE TABLE episode_vectors (

@@ -1,7 +1,7 @@
 V1 = """
 -- Layer 3: the user profile, stored as entries so each keeps its provenance;
 -- the Markdown document is rendered from them in the spec's section order.
--- section: one of memory.profile.SECTIONS (validated there; the names are Chinese).
+-- section: one of memory.profile.store.SECTIONS (validated there; the names are Chinese).
 -- entry: one line, inert (angle brackets stored full-width).
 CREATE TABLE profile_entries (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,

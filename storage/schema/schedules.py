@@ -1,4 +1,4 @@
-# Reminders and scheduled messages (memory/schedules.py). A job is one-shot (rrule '') or
+# Reminders and scheduled messages (memory/schedules/store.py). A job is one-shot (rrule '') or
 # recurring (an RFC 5545 RRULE over a local dtstart in the owner's zone); next_due is the
 # UTC epoch of its next occurrence, NULL once none is left. A replica claims a due job with a
 # lease (claim_owner, lease_until) as inbox rows are claimed; each occurrence leaves one row

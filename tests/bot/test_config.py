@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bot.config import ConfigError, load_settings
+from bot.infra.config import ConfigError, load_settings
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """A Lark event is decoded once and routed by the registry (issue 28).
 
 - The registry (bot/lark/events.py ``REGISTRY``: event type → spec) and the core's handler table
-  (bot/lifecycle.py ``HANDLERS``: neutral event → what is done) match: every registered event
+  (bot/core/lifecycle.py ``HANDLERS``: neutral event → what is done) match: every registered event
   type becomes an event something handles, every handler has an event type that makes it.
 - Each type's translation makes the neutral event its spec declares.
 - The intake hands the decoded event on with the inbox row, so the handler's decode does not
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bot import lifecycle
+from bot.core import lifecycle
 from bot.delivery.dispatcher import Dispatcher
-from bot.inbound import Inbound
+from bot.core.inbound import Inbound
 from bot.lark import events
 from bot.lark.intake import Intake
 from bot.lark.lifecycle import LarkDecoder

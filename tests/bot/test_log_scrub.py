@@ -6,7 +6,7 @@ import logging
 import pytest
 import structlog
 
-from bot.log import _scrub
+from bot.infra.log import _scrub
 
 
 def test_secrets_hidden_token_counts_kept():
@@ -53,8 +53,8 @@ def test_stdlib_records_and_the_lark_sdks_are_json_lines_scrubbed(restored_loggi
     printed ``[Lark] [time] [WARNING] …``) is taken away once the SDK is imported."""
     import json
 
-    from bot.lark.compat import session_class
-    from bot.log import configure_logging
+    from bot.lark.transport.compat import session_class
+    from bot.infra.log import configure_logging
 
     out = _Lines()
     logging.getLogger().handlers[:] = []          # as in a fresh process (basicConfig adds ours then)

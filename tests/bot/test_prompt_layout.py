@@ -10,7 +10,7 @@ from bot.agent.prompt import (
     MAX_BREAKPOINTS, MemoryBlocks, build_system, mark_cache, token_split, volatile_context, with_context,
 )
 from bot.tools import TOOL_SPECS
-from memory.working import ACK, LONG_TERM_TAG, SUMMARY_TAG
+from memory.working.view import ACK, LONG_TERM_TAG, SUMMARY_TAG
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The reminder tools' checks (bot/reminders.py through bot/tools/schedule.py, the real store
+"""The reminder tools' checks (bot/schedules/reminders.py through bot/schedules/tool.py, the real store
 on both backends): past, beyond the horizon, too frequent, over the per-user limit, malformed
 — refused with a clear is_error answer; the owner comes from the scope, never the arguments."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from bot.reminders import Limits, Reminders
-from bot.timezones import UserZones, zone_in_text
+from bot.schedules.reminders import Limits, Reminders
+from bot.schedules.timezones import UserZones, zone_in_text
 from bot.tools import ToolContext
 from bot.tools.registry import ToolRegistry
-from bot.tools.schedule import ReminderTools
-from memory.schedules import ScheduleStore
+from bot.schedules.tool import ReminderTools
+from memory.schedules.store import ScheduleStore
 from memory.scope import Scope
 from tests.loop_gaps import loop_gaps
 

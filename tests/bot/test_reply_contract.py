@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench.bench_recall import _Seen
-from bot.lark.reply import LarkReply
-from bot.reply import Capability, CollectingReply, Reply, ReplyBase
-from bot.terminal import TerminalReply
+from bot.lark.outbound.reply import LarkReply
+from bot.core.reply import Capability, CollectingReply, Reply, ReplyBase
+from bot.infra.terminal import TerminalReply
 from bot.web.chat import ChatReply
 from bot.web.playground import PlaygroundReply
 
@@ -45,7 +45,7 @@ def test_every_member_of_the_protocol_is_known():
     assert members == {"capabilities", "working", "stream", "finish", "delivered"} | {c.value for c in Capability}
 
 
-@pytest.mark.parametrize("rel", ["bot/agent/agent.py", "bot/handler.py"])
+@pytest.mark.parametrize("rel", ["bot/agent/agent.py", "bot/core/handler.py"])
 def test_no_probing_of_a_reply(rel):
     tree = ast.parse((ROOT / rel).read_text())
     probes = [f"line {n.lineno}" for n in ast.walk(tree)

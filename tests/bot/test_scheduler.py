@@ -1,12 +1,12 @@
-"""The scheduler with an injected clock over the real store (bot/scheduler.py): past the grace
+"""The scheduler with an injected clock over the real store (bot/schedules/scheduler.py): past the grace
 window an occurrence is skipped and recorded, not sent; a chat the bot left stops the job once;
 a Lark refusal of the chat stops it; a send that fails transiently keeps the claim (retried
 after the lease, same uuid)."""
 
 from __future__ import annotations
 
-from bot.scheduler import LarkDelivery, Scheduler, Undeliverable, occurrence_uuid
-from memory.schedules import ScheduleStore
+from bot.schedules.scheduler import LarkDelivery, Scheduler, Undeliverable, occurrence_uuid
+from memory.schedules.store import ScheduleStore
 
 T0 = 1_900_000_000.0
 
@@ -111,8 +111,8 @@ async def test_undeliverable_from_the_deliverer_stops(db):
 async def test_a_group_reminder_mentions_its_owner_and_nobody_else(db):
     """At the wire (the real OpenApi client against the fake Lark): the stored text's own
     <at> tags — written by a user or the model — reach Lark inert; the owner's mention is real."""
-    from bot.lark.openapi import OpenApi
-    from bot.lark.sender import LarkSender
+    from bot.lark.openapi.client import OpenApi
+    from bot.lark.outbound.sender import LarkSender
     from tests.fakes.fake_lark import FakeLark
 
     lark = FakeLark()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bot.lark import webhook
+from bot.lark.transport import webhook
 
 KEY = "test key"
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from memory.consolidation_store import ConsolidationStore
-from memory.episodic import EpisodeStore
-from memory.facts import FactStore
+from memory.working.consolidation_store import ConsolidationStore
+from memory.episodes.store import EpisodeStore
+from memory.facts.store import FactStore
 from bot.delivery.inbox_store import Inbox
-from memory.profile import IDENTITY, ProfileStore
+from memory.profile.store import IDENTITY, ProfileStore
 from memory.scope import Scope
-from memory.sessions import SessionStore
+from memory.sessions.store import SessionStore
 from storage import Database, database
 
 USER = "ou_shared"

@@ -1,4 +1,4 @@
-"""Replicas' leases in the stores (bot/delivery/inbox_store.py, memory/consolidation_queue.py), on SQLite
+"""Replicas' leases in the stores (bot/delivery/inbox_store.py, memory/working/consolidation_queue.py), on SQLite
 and PostgreSQL: who may claim an inbox row, a conversation, a consolidation job; expiry;
 heartbeat renewal; and that of many concurrent claimers exactly one wins."""
 
@@ -10,18 +10,18 @@ import anthropic
 import pytest
 
 from bot.llm.anthropic_model import AnthropicChatModel
-from memory.consolidation_queue import ConsolidationQueue, JobClaims
-from memory.consolidator import EXTRACT_TOOL, SUMMARY_TOOL, Consolidator
+from memory.working.consolidation_queue import ConsolidationQueue, JobClaims
+from memory.working.consolidator import EXTRACT_TOOL, SUMMARY_TOOL, Consolidator
 from storage import database
-from memory.episodic import EpisodeStore
-from memory.facts import FactStore
+from memory.episodes.store import EpisodeStore
+from memory.facts.store import FactStore
 from bot.delivery.inbox_store import Inbox
-from memory.modes import ModeStore
+from memory.profile.modes import ModeStore
 from memory.models import route_consolidation_model
-from memory.profile import ProfileStore
+from memory.profile.store import ProfileStore
 from memory.scope import Scope
-from memory.sessions import SessionStore
-from memory.working import MemoryConfig, WorkingMemory
+from memory.sessions.store import SessionStore
+from memory.working.view import MemoryConfig, WorkingMemory
 from tests.fakes.fake_anthropic import Delay, FakeAnthropic, ToolUse
 from tests.memory.test_consolidation_queue import consolidation_calls, extract_answer, summary_answer
 
@@ -242,7 +242,7 @@ async def test_the_holder_answers_what_was_left_before_it_releases_in_one_step(d
 async def test_why_a_row_was_not_claimed(db):
     """The handler logs a refused claim by its cause: only a recall counts as "recalled"
     (another replica's row is not a recalled message)."""
-    from memory.withdraw import cancel_pending
+    from memory.governance.withdraw import cancel_pending
 
     clock = Clock()
     a = Inbox(db, owner="A", lease_seconds=10, clock=clock, conversations=True)

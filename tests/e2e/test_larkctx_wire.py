@@ -60,7 +60,7 @@ def _server(home, lark, model, **env) -> ServerProcess:
 
 @pytest.fixture
 async def serve(tmp_path, lark, model, stt):
-    # Speech to text at its own (fake) server: ETHAN_STT_* (bot/stt.py)
+    # Speech to text at its own (fake) server: ETHAN_STT_* (bot/media/stt.py)
     srv = _server(tmp_path / "home", lark, model, ETHAN_STT_MODEL="whisper-1",
                   ETHAN_STT_BASE_URL=stt.base_url, ETHAN_STT_API_KEY="sk-stt", ETHAN_STT_MAX_SECONDS="60")
     await srv.start_ready()
@@ -471,7 +471,7 @@ async def _ask_no_model(srv, lark, event, n: int = 1):
 # -- gaps: the group-context budget, mentions on the streamed-card path ----------------------
 
 async def test_the_group_context_keeps_the_newest_messages_within_the_token_budget(tmp_path, lark, model):
-    from memory.working import estimate_tokens
+    from memory.working.view import estimate_tokens
 
     said = [(w, f"第{i}条：" + "关于发布计划的详细讨论内容，" * 4) for i, w in
             enumerate(["ou_alice", "ou_bob", "ou_carol", "ou_alice", "ou_bob"], 1)]

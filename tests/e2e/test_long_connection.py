@@ -26,7 +26,7 @@ import time
 import aiohttp
 import pytest
 
-from bot.lark.ws import LongConnection
+from bot.lark.transport.ws import LongConnection
 from tests.fakes.fake_anthropic import Delay, Text, last_user_text, running_model
 from tests.fakes.fake_lark import FakeLark
 from tests.fakes.fake_lark_ws import FakeLarkWs

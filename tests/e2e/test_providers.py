@@ -12,7 +12,7 @@ import socket
 import pytest
 import structlog
 
-from memory.working import MemoryConfig
+from memory.working.view import MemoryConfig
 from tests.e2e.test_metrics import healthz, scrape
 from tests.fakes.fake_anthropic import Error, FakeAnthropic, Stall, Text, ToolUse
 from tests.fakes.fake_openai import FakeOpenAI
@@ -268,7 +268,7 @@ async def test_usage_per_model_with_cached_tokens_in_metrics_and_stats(tmp_path)
 @pytest.mark.parametrize("first,second", [("anthropic", "openai"), ("openai", "anthropic")])
 async def test_tool_calls_stored_neutral_shown_and_a_resumed_session_replays_on_the_other_provider(
         tmp_path, monkeypatch, capsys, first, second):
-    from bot.cli import main
+    from bot.infra.cli import main
 
     async with Harness(tmp_path, provider=first) as h:
         h.model.script(ToolUse("memory_write", {"content": "Alice likes oolong", "category": "preference"}),
@@ -286,7 +286,7 @@ async def test_tool_calls_stored_neutral_shown_and_a_resumed_session_replays_on_
     monkeypatch.chdir(tmp_path)
     config, root = structlog.get_config(), logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    try:   # bot.cli.main configures logging for the process: put the test run's back afterwards
+    try:   # bot.infra.cli.main configures logging for the process: put the test run's back afterwards
         assert await asyncio.to_thread(main, ["session", "show", row["session_id"]]) == 0
     finally:
         structlog.configure(**config)

@@ -1,9 +1,9 @@
-"""The private lark-oapi API bot/lark/compat.py wraps still has the shape the long connection
+"""The private lark-oapi API bot/lark/transport/compat.py wraps still has the shape the long connection
 relies on (issue 28: "a test that fails on an incompatible SDK release"), on the lark-oapi
 installed — and that version is inside the range this was tested on, pyproject.toml's pin.
 
 If this fails after an upgrade: read lark_oapi/ws/client.py for the member named in the
-failure, adapt bot/lark/compat.py (the only module that touches them), then widen
+failure, adapt bot/lark/transport/compat.py (the only module that touches them), then widen
 ``compat.TESTED`` and the pin in pyproject.toml together. The wire behaviour itself is
 tests/e2e/test_long_connection.py's (the real client against tests/fakes/fake_lark_ws.py).
 """
@@ -22,7 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from bot.lark import compat
+from bot.lark.transport import compat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def pinned() -> SpecifierSet:
 def test_the_pin_is_the_tested_range_and_the_installed_version_is_in_it():
     spec = pinned()
     assert spec == SpecifierSet(compat.TESTED), (
-        f"pyproject.toml pins lark-oapi {spec}, but bot/lark/compat.py was tested on {compat.TESTED}: "
+        f"pyproject.toml pins lark-oapi {spec}, but bot/lark/transport/compat.py was tested on {compat.TESTED}: "
         "run this file on the new range, then change both together")
     assert any(s.operator in ("<", "<=", "==", "~=") for s in spec), "the pin needs an upper bound"
     assert version("lark-oapi") in spec, f"lark-oapi {version('lark-oapi')} is installed, outside {spec}"
@@ -64,7 +64,7 @@ def test_the_pin_is_the_tested_range_and_the_installed_version_is_in_it():
 def test_the_lists_in_compat_name_every_private_member_it_uses():
     """The lists the checks below walk are complete: every ``self._x`` / ``sdk._x`` in
     compat.py is in them (a new private use cannot slip past this test)."""
-    source = (ROOT / "bot/lark/compat.py").read_text()
+    source = (ROOT / "bot/lark/transport/compat.py").read_text()
     used_self = set(re.findall(r"self\.(_[a-z][a-z_]*)", source))
     used_sdk = set(re.findall(r"sdk\.(_[a-z][a-z_]*)", source))
     assert used_self <= set(compat.CLIENT_PRIVATE_METHODS) | set(compat.CLIENT_PRIVATE_ATTRS), \

@@ -1,5 +1,5 @@
 """The /memory card stays under Lark's ~30 KB card limit however much the user has: 30 facts,
-30 profile lines, 30 rules, each at its longest (bot/lark/memory_card.py: 15 with buttons, 40
+30 profile lines, 30 rules, each at its longest (bot/lark/outbound/memory_card.py: 15 with buttons, 40
 more by id, the rest counted)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from bot.commands import MemoryItem, MemoryView
-from bot.lark.memory_card import memory_card
+from bot.lark.outbound.memory_card import memory_card
 
 
 def test_the_fullest_memory_card_stays_under_the_card_limit():

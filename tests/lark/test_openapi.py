@@ -11,7 +11,7 @@ import pytest
 import structlog
 from aiohttp import web
 
-from bot.lark.openapi import (
+from bot.lark.openapi.client import (
     CODE_CATEGORIES,
     DECISIONS,
     BotInfo,

@@ -14,8 +14,8 @@ import re
 import pytest
 import structlog
 
-from bot.lark.openapi import LarkApiError, OpenApi
-from bot.lark.ratelimit import KeyedRateLimiter
+from bot.lark.openapi.client import LarkApiError, OpenApi
+from bot.lark.outbound.ratelimit import KeyedRateLimiter
 from bot.lark.outbound import (
     LarkReply,
     LarkSender,

@@ -230,7 +230,7 @@ def evidence_words(session: Session, question: str) -> set[str]:
     """The words that answer ``question``: the session line sharing most words with it (the
     labelled evidence turn, filler excluded) minus the question's own words — e.g. the city in
     "{a}下个月要去{b}参加少儿钢琴比赛" for "{a}的钢琴比赛在哪个城市？". Empty when no line shares a word."""
-    from memory.tokenizer import search_terms
+    from memory.text.tokenizer import search_terms
 
     asked = set(search_terms(question))
     filler = set(FILLER[session.lang])

@@ -15,19 +15,19 @@ from bot.llm.anthropic_model import AnthropicChatModel
 from memory.models import route_consolidation_model
 import pytest
 
-from memory.consolidation_queue import ConsolidationQueue
-from memory.consolidator import (
+from memory.working.consolidation_queue import ConsolidationQueue
+from memory.working.consolidator import (
     COMPRESS_SYSTEM, EPISODE_SYSTEM, EXTRACT_TOOL, FOLD_SYSTEM, SUMMARY_TOOL, Consolidator,
 )
 from storage import database
 from storage.sqlite import SqliteDatabase
-from memory.episodic import EpisodeStore
-from memory.facts import FactStore
-from memory.modes import COMPANION, ModeStore
-from memory.profile import ProfileStore
+from memory.episodes.store import EpisodeStore
+from memory.facts.store import FactStore
+from memory.profile.modes import COMPANION, ModeStore
+from memory.profile.store import ProfileStore
 from memory.scope import Scope
-from memory.sessions import SessionStore
-from memory.working import ACK, LONG_TERM_TAG, SUMMARY_TAG, MemoryConfig, WorkingMemory
+from memory.sessions.store import SessionStore
+from memory.working.view import ACK, LONG_TERM_TAG, SUMMARY_TAG, MemoryConfig, WorkingMemory
 from tests.fakes.fake_anthropic import Delay, Error, FakeAnthropic, user_texts
 
 MAIN = "claude-sonnet-4-6"
@@ -376,7 +376,7 @@ async def test_failing_model_call_backs_off_and_nothing_is_half_written(tmp_path
 
 
 async def test_backoff_is_exponential_and_capped(db):
-    from memory.consolidation_store import ConsolidationStore
+    from memory.working.consolidation_store import ConsolidationStore
 
     await db.execute("INSERT INTO sessions(id, conv_key, chat_id, chat_type, owner_id, created_at, updated_at)"
                      " VALUES ('s1', 'c', 'c', 'p2p', 'u', 0, 0)")

@@ -1,4 +1,4 @@
-"""memory/consolidation_state.py: the consolidation state machine's tables are complete, and
+"""memory/working/consolidation_state.py: the consolidation state machine's tables are complete, and
 the queue's code follows them (pure: no database).
 
 - every phase has an action; every phase that claims the session has a next step for every
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from memory import consolidation_queue
-from memory.consolidation_state import (ACTIONS, AFTER, Outcome, Phase, Plan, State, Work, due_kind,
+from memory.working import consolidation_queue
+from memory.working.consolidation_state import (ACTIONS, AFTER, Outcome, Phase, Plan, State, Work, due_kind,
                                         phase)
 
 

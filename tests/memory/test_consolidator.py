@@ -10,11 +10,11 @@ from bot.llm.anthropic_model import AnthropicChatModel
 from bot.llm.anthropic_model import make_client as anthropic_client
 from bot.llm.openai_model import OpenAIChatModel
 from bot.llm.openai_model import make_client as openai_client
-from memory.consolidator import (
+from memory.working.consolidator import (
     EXTRACT_TOOL, SUMMARY_TOOL, ConsolidationError, Consolidator, clean_user_line,
 )
 from memory.models import caps
-from memory.working import Message, Turn
+from memory.working.view import Message, Turn
 from tests.fakes.fake_anthropic import Error, FakeAnthropic, Json, forced_tool, is_structured, user_texts
 from tests.fakes.fake_openai import FakeOpenAI
 

@@ -13,7 +13,7 @@ from storage import DatabaseError, SchemaTooNew
 from storage.sqlite import SqliteDatabase
 from storage.schema import MIGRATIONS
 from memory.scope import Scope
-from memory.sessions import SessionStore
+from memory.sessions.store import SessionStore
 from tests.round_trips import counting_round_trips
 
 

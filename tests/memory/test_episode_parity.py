@@ -1,5 +1,5 @@
 """Episode search and recall give the same answers on SQLite (FTS5's bm25()) and PostgreSQL
-(the same BM25 over the GIN-indexed term arrays, memory/episodic.py): one corpus written to
+(the same BM25 over the GIN-indexed term arrays, memory/episodes/store.py): one corpus written to
 both engines, every query of the labelled sets asked of both, the results compared — order,
 scores, matched words, excerpts."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from memory import episodic as E
+from memory.episodes import store as E
 from storage import database
-from memory.episodic import EpisodeStore
+from memory.episodes.store import EpisodeStore
 from memory.scope import Scope
 from tests.memory import episodes_labelled as L
 from tests.memory import recall_corpus as R
@@ -137,7 +137,7 @@ async def test_the_index_statistics_follow_writes_and_deletes(engines):
 async def test_a_copied_database_searches_the_same(engines, pg_cluster):
     """`ethan db copy`: the rows arrive by INSERT … ON CONFLICT DO NOTHING, and the triggers
     count them into episode_index_stats, so search on the copy is SQLite's."""
-    from memory.copy import copy_database
+    from memory.governance.copy import copy_database
 
     lite = engines["sqlite"]
     target = await database(pg_cluster.new_database()).open()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from memory import episodic as E
-from memory.episodic import EpisodeStore
+from memory.episodes import store as E
+from memory.episodes.store import EpisodeStore
 from memory.scope import Scope
 from tests.memory import recall_corpus as R
 
@@ -116,7 +116,7 @@ async def test_deleting_a_session_deletes_its_episode_and_its_turns(store, db):
 async def test_recall_injects_the_matching_lines_with_neighbours_within_the_budget(store):
     # issue 31: the words that answer the question reach the model — the line that holds them,
     # with one neighbour either side, dated and with its speaker; not only the summary
-    from memory.episodic import RECALL_BUDGET_TOKENS, episode_lines, estimate_tokens
+    from memory.episodes.store import RECALL_BUDGET_TOKENS, episode_lines, estimate_tokens
 
     filler = [f"Work was busy again today, meeting number {i}." for i in range(20)]
     lines = ["I'm planning a trip to Japan.", *filler[:9], "Before that I renewed my passport.",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memory import episodic as E
-from memory.episodic import EpisodeStore, extract_keywords
+from memory.episodes import store as E
+from memory.episodes.store import EpisodeStore, extract_keywords
 from memory.scope import Scope
 from tests.memory import episodes_labelled as L
 

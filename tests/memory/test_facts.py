@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.facts import (
+from memory.facts.store import (
     MAX_CONTENT_CHARS,
     FactStore,
     initial_confidence,

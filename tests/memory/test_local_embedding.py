@@ -1,10 +1,10 @@
-"""The bundled local embedding model (ETHAN_EMBEDDING_MODEL=local, memory/embedding.py): it loads
+"""The bundled local embedding model (ETHAN_EMBEDDING_MODEL=local, memory/episodes/embedding.py): it loads
 from the installed package with no network, and puts a paraphrase — Chinese and English, no
 word in common — nearer than an unrelated line."""
 
 from __future__ import annotations
 
-from memory.embedding import LOCAL_MODEL, LocalEmbedder
+from memory.episodes.embedding import LOCAL_MODEL, LocalEmbedder
 
 
 async def test_the_local_model_embeds_offline_and_finds_the_paraphrase(monkeypatch):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memory import profile as P
-from memory.profile import PSYCH, SECTIONS, ProfileError, ProfileStore
+from memory.profile import store as P
+from memory.profile.store import PSYCH, SECTIONS, ProfileError, ProfileStore
 from memory.scope import Scope
 
 ALICE_P2P = Scope("ou_alice", "oc_alice_p2p", "p2p", message_id="om_1")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from memory.facts import FactStore
-from memory.modes import COMPANION, WORK, ModeStore
+from memory.facts.store import FactStore
+from memory.profile.modes import COMPANION, WORK, ModeStore
 from memory.procedures import ProcedureStore
-from memory.profile import BASICS, PSYCH, ProfileStore
+from memory.profile.store import BASICS, PSYCH, ProfileStore
 from memory.queries import answer, fetch_together
 from memory.scope import Scope
 from tests.memory.test_facts import Clock

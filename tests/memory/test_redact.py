@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.redact import REDACTED, looks_like_secret, redact
+from memory.text.redact import REDACTED, looks_like_secret, redact
 
 SECRETS = [
     "my key is sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123456789",

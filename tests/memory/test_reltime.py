@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from memory.episodic import EpisodeStore
-from memory.reltime import resolve
+from memory.episodes.store import EpisodeStore
+from memory.episodes.reltime import resolve
 from memory.scope import Scope
 
 TUESDAY = dt.date(2026, 12, 1)

@@ -1,4 +1,4 @@
-"""The schedule store's contract on SQLite and PostgreSQL (memory/schedules.py): scoping,
+"""The schedule store's contract on SQLite and PostgreSQL (memory/schedules/store.py): scoping,
 limits, claims with leases, one record per occurrence, recurrence in the owner's zone, erase."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from storage import database
-from memory.erase import delete_session, erase_user, forget_memory
-from memory.recurrence import RecurrenceError, check_rrule, next_after, occurrences
-from memory.schedules import ScheduleStore, TooManySchedules
+from memory.governance.erase import delete_session, erase_user, forget_memory
+from memory.schedules.recurrence import RecurrenceError, check_rrule, next_after, occurrences
+from memory.schedules.store import ScheduleStore, TooManySchedules
 from tests.loop_gaps import loop_gaps
 
 
@@ -152,7 +152,7 @@ async def test_erase_forget_and_session_deletion_remove_the_jobs(db):
 
 async def test_session_deletion_removes_the_jobs_set_in_it(db):
     from memory.scope import Scope
-    from memory.sessions import SessionStore
+    from memory.sessions.store import SessionStore
     sessions = SessionStore(db)
     scope = Scope(user_id="ou_a", chat_id="oc_a", chat_type="p2p")
     await sessions.append_user(scope, "remind me at nine")
@@ -211,7 +211,7 @@ def test_the_bounded_walk_gives_dateutils_occurrences():
 
 
 def test_a_rule_that_never_occurs_has_no_next_time():
-    from memory.recurrence import vet
+    from memory.schedules.recurrence import vet
 
     never = "FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30"
     assert next_after("2026-03-20T09:00", "Europe/Berlin", never, T0, inclusive=True) is None
@@ -245,7 +245,7 @@ def test_an_hourly_rule_stays_hourly_across_a_dst_change():
     """The hour a spring DST change skips makes an hourly rule's 02:00 the same instant as its
     03:00 (the scheduler sends it once): the zone's doing, not the rule's — accepted. Measured
     in real time only, it was refused as "0 s after the one before" in every DST zone."""
-    from memory.recurrence import TooOften, vet
+    from memory.schedules.recurrence import TooOften, vet
 
     for tz in ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe"):
         for rule in ("FREQ=HOURLY", "FREQ=DAILY;BYHOUR=2,3", "FREQ=MINUTELY;INTERVAL=60"):

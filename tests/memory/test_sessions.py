@@ -15,7 +15,7 @@ from tests.faults import fail_inserts, read_elsewhere, restore_inserts
 from storage import Database, DatabaseError, database
 from storage.sqlite import SqliteDatabase
 from memory.scope import Scope
-from memory.sessions import (
+from memory.sessions.store import (
     AmbiguousSession,
     EmptyQuery,
     SessionNotFound,

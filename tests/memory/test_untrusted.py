@@ -1,4 +1,4 @@
-"""memory/untrusted.py ``uncovered``: what a memory write holds that the user's typed words do
+"""memory/text/untrusted.py ``uncovered``: what a memory write holds that the user's typed words do
 not — the fast "allowed" path of the provenance gate (bot/tools/base.py ``own_words``; the wire
 tests are tests/trust/test_provenance_writes.py). The user's words restated pass; a name, a
 number, an address or an instruction they did not type never does, in whatever language."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.untrusted import material_kinds, uncovered
+from memory.text.untrusted import material_kinds, uncovered
 
 
 @pytest.mark.parametrize("content, said", [

@@ -1,4 +1,4 @@
-"""memory/untrusted.py reads a forged fence in linear time (issue 45 sweep).
+"""memory/text/untrusted.py reads a forged fence in linear time (issue 45 sweep).
 
 A user can type ``<untrusted_content `` and a 60,000-character word into their own message;
 the consolidator marks fenced material in the user's text (``mark_third_party``). The
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.untrusted import mark_third_party, material_texts, strip
+from memory.text.untrusted import mark_third_party, material_texts, strip
 
 
 @pytest.mark.timeout(30)

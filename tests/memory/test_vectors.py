@@ -14,13 +14,13 @@ import pytest
 
 from bot.llm.embeddings import OpenAIEmbedder
 from bot.llm.openai_model import make_client
-from memory import vectors
-from memory.episodic import EpisodeStore
-from memory.erase import erase_user
-from memory.forget import forget_fact
-from memory.facts import FactStore
+from memory.episodes import vectors
+from memory.episodes.store import EpisodeStore
+from memory.governance.erase import erase_user
+from memory.governance.forget import forget_fact
+from memory.facts.store import FactStore
 from memory.scope import Scope
-from memory.vectors import EmbeddingIndexer
+from memory.episodes.vectors import EmbeddingIndexer
 from tests.fakes.fake_embeddings import FakeEmbeddings
 
 ALICE = Scope("ou_alice", "oc_alice", "p2p")
@@ -151,7 +151,7 @@ async def test_endpoint_down_recall_falls_back_to_bm25_with_one_log_line(db, fak
     await _index(db, emb)
     fake.down = True
     fake.requests.clear()
-    caplog.set_level(logging.INFO, logger="memory.episodic")
+    caplog.set_level(logging.INFO, logger="memory.episodes.store")
     got = await store.recall(ALICE, "What did I plan for the garden, tomatoes?")
     assert [e.id for e in got] == [ids["garden"]]                        # BM25 answered
     got = await store.recall(ALICE, "Which trip to Lisbon?")
@@ -189,7 +189,7 @@ async def test_the_indexer_task_embeds_what_is_written_and_survives_an_outage(db
 
 
 async def test_db_copy_carries_the_vectors_to_postgresql_and_they_answer_there(tmp_path, fake, pg_cluster):
-    from memory.copy import copy_database
+    from memory.governance.copy import copy_database
     from storage import database
 
     emb = embedder(fake)
@@ -210,7 +210,7 @@ async def test_db_copy_carries_the_vectors_to_postgresql_and_they_answer_there(t
 
 
 def test_the_embedding_setting_is_checked_at_start(tmp_path):
-    from bot.config import ConfigError, load_settings
+    from bot.infra.config import ConfigError, load_settings
 
     base = dict(_env_file=None, ethan_home=tmp_path)
     with pytest.raises(ConfigError, match="Anthropic API, which has no embeddings"):
@@ -225,7 +225,7 @@ def test_the_embedding_setting_is_checked_at_start(tmp_path):
 
 async def test_without_numpy_the_vectors_rank_the_same(db, fake, monkeypatch):
     # a remote embedding model needs no numpy: the SQL-function path must give the same ranking
-    from memory.episodic import _where
+    from memory.episodes.store import _where
 
     emb = embedder(fake)
     await _sessions(EpisodeStore(db, embedder=emb))

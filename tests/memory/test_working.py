@@ -1,15 +1,15 @@
 """Layer 2 window: hot / pending / warm / rolling, the request context's exact shape,
-and what consolidation is due (memory/consolidation_store.py) — read from the database, no
+and what consolidation is due (memory/working/consolidation_store.py) — read from the database, no
 model involved."""
 
 from __future__ import annotations
 
 import pytest
 
-from memory.consolidation_store import ConsolidationStore
+from memory.working.consolidation_store import ConsolidationStore
 from memory.scope import Scope
-from memory.sessions import SessionStore
-from memory.working import (
+from memory.sessions.store import SessionStore
+from memory.working.view import (
     ACK, LONG_TERM_TAG, SUMMARY_TAG, TRUNCATED, MemoryConfig, WorkingMemory,
 )
 
@@ -150,7 +150,7 @@ async def test_backlog_is_replayed_up_to_the_budget_then_trimmed_with_a_marker(d
     until the budget; then the oldest are left out — with a marker and a warning, never silently."""
     import logging
 
-    from memory.working import TRIMMED
+    from memory.working.view import TRIMMED
 
     cfg = MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=4, replay_budget=60)
     w = wm(db, sessions, cfg)
@@ -250,7 +250,7 @@ async def test_due_counts_only_complete_turns(db, sessions, convo):
 
 
 async def test_commit_is_atomic_and_never_twice(db, sessions, convo):
-    from memory.consolidation_state import StaleWork
+    from memory.working.consolidation_state import StaleWork
 
     w = wm(db, sessions)
     c = progress(db)
@@ -289,7 +289,7 @@ async def test_hot_window_query_is_bounded(db, sessions, convo):
     """The hot window is read with an indexed, LIMITed query, not by loading the session."""
     w = wm(db, sessions)
     await convo.turns(3)
-    from memory.working import HOT_IDS_SQL
+    from memory.working.view import HOT_IDS_SQL
 
     plan = await db.fetchall("EXPLAIN QUERY PLAN " + HOT_IDS_SQL, (convo.session_id, 0, 10**12, 3))
     detail = " ".join(r["detail"] for r in plan)
@@ -328,7 +328,7 @@ SCENES = ["first message", "a few turns", "after a compression", "messages after
 async def test_context_and_view_equal_build_context_and_view(db, sessions, convo, scene, monkeypatch):
     """One read gives what the two reads give, whatever the session looks like: the replay
     before the current message, the view of everything (the current message too)."""
-    import memory.working as working
+    import memory.working.view as working
     w = wm(db, sessions, MemoryConfig(hot_size=3, compress_batch=2, warm_capacity=40, replay_budget=30))
     current_text = "now"
     if scene == "a few turns":

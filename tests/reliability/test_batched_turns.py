@@ -1,11 +1,11 @@
 """Issue 45 N14: a message answered together with a later one is never answered again.
 
-A turn reads the unanswered messages before its own merged with it (memory/working.py): a
+A turn reads the unanswered messages before its own merged with it (memory/working/view.py): a
 message whose turn stored it and then failed (the database went away before its answer was
 recorded) is answered by the next message's turn. Its redelivery then asked the model again
 and sent a second answer — the same words answered twice. Now the answer records the message
 it replied to, the inbox rows of the others it answered are finished in the transaction that
-records it (memory/sessions.py ``append_assistant``), and a redelivery decides from the stored
+records it (memory/sessions/store.py ``append_assistant``), and a redelivery decides from the stored
 answer (``answer_of``): replayed when it is its own, nothing sent when another message's
 reply carried it.
 

@@ -2,9 +2,9 @@
 events, the bytes served by the fake Lark's resource API, every bomb generated here
 (tests/reliability/bombs.py). Each test holds one finding:
 
-* the file is parsed in a worker process (bot/parse_pool.py), so another chat's webhook is
+* the file is parsed in a worker process (bot/media/parse_pool.py), so another chat's webhook is
   acknowledged at once and answered meanwhile;
-* the readers (bot/readers.py) are linear and bounded: the nested docx is read, the
+* the readers (bot/media/readers.py) are linear and bounded: the nested docx is read, the
   text-less PDF sharing one stream is over in a second, the xlsx stops at the text cap, the
   oversized zip member and the 144-megapixel PNG are refused before they are expanded;
 * whatever fails — a parser's error, pypdf's LimitReachedError, MemoryError, a timeout, the
@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from bot.parse_pool import rss_kib
+from bot.media.parse_pool import rss_kib
 from tests.fakes.fake_anthropic import Text
 from tests.fakes.lark_events import make_file_event, make_image_event, make_text_event
 from tests.harness import Harness

@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-from bot.config import ConfigError, load_settings
+from bot.infra.config import ConfigError, load_settings
 from tests.fakes.fake_anthropic import Text, ToolUse, Turn, tool_results
 from tests.harness import Harness
 from tests.reliability.support import REPO

@@ -124,7 +124,7 @@ async def test_failure_in_the_middle_of_a_tool_round(tmp_path, logs):
 async def test_failing_consolidation_model_never_touches_replies(tmp_path, logs):
     """Background consolidation fails on every call: replies go on, no error-level lines,
     and the failure is retried later (backoff), not dropped."""
-    from memory.working import MemoryConfig
+    from memory.working.view import MemoryConfig
 
     async with Harness(tmp_path, memory_config=MemoryConfig(hot_size=2, compress_batch=2, warm_capacity=4)) as h:
         h.model.on_tool("write_summary", lambda req: Error.api_error(500), keys={"summary"})

@@ -1,4 +1,4 @@
-"""Issue 45, N6: the parse pool (bot/parse_pool.py) is fair between senders, its queue bounded.
+"""Issue 45, N6: the parse pool (bot/media/parse_pool.py) is fair between senders, its queue bounded.
 
 One member sends files that run to the parse time limit (tests/reliability/bombs.py: a PDF of
 text-less pages, each its own stream, ~9 s to read, killed at the wall clock) from several
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.parse_pool import ParseLimits
+from bot.media.parse_pool import ParseLimits
 from tests.harness import Harness
 from tests.reliability import bombs
 from tests.reliability.test_file_bombs import (_answer_all, inbox_status, refused_line, reply_to,

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from storage.sqlite import SqliteDatabase
-from memory.schedules import ScheduleStore
+from memory.schedules.store import ScheduleStore
 from tests.fakes.lark_events import make_text_event
 from tests.reliability.support import post_event, sqlite_rows, wait_until
 

@@ -86,7 +86,7 @@ async def test_refused_past_and_too_far_then_one_arrives_at_its_time(tmp_path, l
 
 async def test_a_composed_reminder_is_written_by_the_model_with_the_owners_memory(tmp_path, lark, model):
     from storage.sqlite import SqliteDatabase
-    from memory.facts import FactStore
+    from memory.facts.store import FactStore
     from memory.scope import Scope
 
     srv = ServerProcess(tmp_path / "home", lark, model)

@@ -55,7 +55,7 @@ async def test_a_line_cut_by_sigkill_is_not_an_error_but_a_traceback_is(tmp_path
 async def test_stdlib_log_lines_of_a_serving_process_are_json(server, lark, model):
     """Issue 45 N13: memory/ logs through stdlib logging (it must not import bot/); its lines,
     like a library's, came out as ``WARNING:ethan.working:…`` text. Here consolidation keeps
-    failing, the session's backlog outgrows the replay budget and memory/working.py warns
+    failing, the session's backlog outgrows the replay budget and memory/working/view.py warns
     (``working.replay_trimmed``): every line of the server's output is a JSON object, that one
     with its logger's name and its fields as keys."""
     model.clear()      # no summaries: the consolidator's every attempt fails

@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from storage.sqlite import SqliteDatabase
-from memory.consolidation_store import ConsolidationStore
-from memory.working import MemoryConfig
+from memory.working.consolidation_store import ConsolidationStore
+from memory.working.view import MemoryConfig
 from tests.fakes.fake_anthropic import Delay, Text, last_user_text
 from tests.fakes.lark_events import make_text_event
 from tests.harness import Harness

@@ -12,7 +12,7 @@ import asyncio
 import time
 
 from bot.app import HEADER_TIMEOUT_S
-from bot.lark.routes import BODY_READ_TIMEOUT_S
+from bot.lark.transport.routes import BODY_READ_TIMEOUT_S
 from tests.harness import Harness
 
 STALLED = 400

@@ -1,4 +1,4 @@
-"""Issue 45, N9: a speech-to-text server's answer is bounded in length and in time (bot/stt.py).
+"""Issue 45, N9: a speech-to-text server's answer is bounded in length and in time (bot/media/stt.py).
 
 A voice message goes in as a real signed, encrypted webhook event, its audio served by the fake
 Lark's resource API and measured in the parse pool; the transcription is asked of the fake STT
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from bot.stt import transcript_cap
+from bot.media.stt import transcript_cap
 from tests.fakes.fake_anthropic import Text
 from tests.fakes.fake_stt import ogg_opus
 from tests.fakes.lark_events import make_audio_event

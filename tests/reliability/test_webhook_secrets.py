@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bot.config import ConfigError, load_settings
+from bot.infra.config import ConfigError, load_settings
 from tests.reliability.support import REPO
 
 

@@ -1,5 +1,5 @@
 """Issue 17, Low: "a long message grows every later request by ~8k characters — check it
-levels off". Where it is capped (memory/working.py, documented in docs/reliability.md):
+levels off". Where it is capped (memory/working/view.py, documented in docs/reliability.md):
 
 - the current input is cut at ``MAX_TEXT_CHARS`` (20 000, bot/lark/normalize.py);
 - once stored, every replayed message — the long question and its long answer — is cut at
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 from bot.lark.normalize import MAX_TEXT_CHARS
-from memory.working import REPLAY_CAP, MemoryConfig
+from memory.working.view import REPLAY_CAP, MemoryConfig
 from tests.harness import Harness
 
 FOLLOW_UPS = 18

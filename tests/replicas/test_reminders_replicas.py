@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from storage import database
-from memory.schedules import ScheduleStore
+from memory.schedules.store import ScheduleStore
 from tests.reliability.support import wait_until
 
 pytestmark = pytest.mark.timeout(240)

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 import aiohttp
 
-from memory.schedules import ScheduleStore
+from memory.schedules.store import ScheduleStore
 from storage import database
 from tests.preflight import find_faketime
 from tests.reliability.support import wait_until

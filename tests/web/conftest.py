@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from bot.app import EthanApp
-from bot.config import Settings
+from bot.infra.config import Settings
 from tests import harness
 
 CHROMIUM = os.environ.get("ETHAN_CHROMIUM", "/usr/bin/chromium")

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from bot.app import EthanApp
-from bot.config import ConfigError, load_settings
+from bot.infra.config import ConfigError, load_settings
 from tests.web.conftest import offline_settings
 
 TOKEN = "s3cret-console-token"

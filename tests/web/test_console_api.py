@@ -259,7 +259,7 @@ async def test_every_page_renders(console):
 async def test_reminders_are_listed_and_cancelled_per_user(console):
     import time
 
-    from memory.schedules import ScheduleStore
+    from memory.schedules.store import ScheduleStore
 
     store = ScheduleStore(console.app.db)
     due = time.strftime("%Y-%m-%dT%H:%M", time.localtime(time.time() + 86400))

@@ -1,4 +1,4 @@
-"""The operator-wide reads (memory/stats.py) on both backends, driven through the console's
+"""The operator-wide reads (memory/governance/stats.py) on both backends, driven through the console's
 HTTP API and the playground, on the real app: the user list, one user's entry, /stats.
 
 /stats's user count once used a derived table without an alias, which PostgreSQL before 16

@@ -11,10 +11,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from bot.llm.anthropic_model import AnthropicChatModel
-from bot.offline_model import setup_offline_model
+from bot.offline.server import setup_offline_model
 from bot.tools import TOOL_SPECS
-from memory.consolidator import Consolidator
-from memory.working import Message, Turn
+from memory.working.consolidator import Consolidator
+from memory.working.view import Message, Turn
 
 SYSTEM = [
     {"type": "text", "text": "You are Ethan.", "cache_control": {"type": "ephemeral"}},

@@ -1,0 +1,1 @@
+"""Infrastructure: the ``ethan`` command, settings, logging, metrics, the terminal chat."""

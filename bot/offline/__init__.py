@@ -1,0 +1,1 @@
+"""The built-in offline model: a Messages API server (server.py) and the rules it answers with."""

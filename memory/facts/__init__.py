@@ -1,0 +1,1 @@
+"""The cold zone: durable facts about one user."""
