@@ -216,3 +216,45 @@ def test_the_checker_sees_a_false_signature(doc, code, found, tmp_path):
     exec(code, ns)                      # noqa: S102 — a sample
     m = CALL.match(doc)
     assert bool(_check(ns["f"], m.group(3), "f")) is found
+
+
+MAP = "## Where things live"
+
+
+def _map(text: str) -> str:
+    return text.split(MAP, 1)[1].split("\n## ", 1)[0] if MAP in text else ""
+
+
+def map_problems(root: Path, text: str) -> list[str]:
+    """The map opens the page, names every package folder of the product, and names nothing
+    that is not there (issue 46: the tree alone answers "where does X live")."""
+    headings = re.findall(r"^## .*$", text, re.M)
+    if not headings or not headings[0].startswith(MAP):
+        return [f"the page must open with {MAP!r}"]
+    table = _map(text)
+    folders = {p.parent.relative_to(root).as_posix() + "/" for pkg in PACKAGES
+               for p in (root / pkg).rglob("__init__.py")}
+    named = set(re.findall(r"`((?:bot|memory|storage)(?:/[\w]+)*/)`", table))
+    paths = set(re.findall(r"`((?:bot|memory|storage)/[\w/]+\.py)`", table))
+    return ([f"folder not in the map: {f}" for f in sorted(folders - named)]
+            + [f"the map names a folder that is not a package: {f}" for f in sorted(named - folders)]
+            + [f"the map names a missing file: {p}" for p in sorted(paths) if not (root / p).is_file()])
+
+
+def test_the_page_opens_with_the_map_of_every_folder():
+    problems = map_problems(ROOT, DOC.read_text())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_map_check_sees_a_missing_and_a_stale_folder(tmp_path):
+    for rel in ("bot/__init__.py", "bot/core/__init__.py", "bot/media/__init__.py", "memory/__init__.py",
+                "storage/__init__.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    page = ("# Internals\n\n## Where things live\n\n| a | `bot/`, `bot/core/`, `bot/old/`, `bot/core/gone.py` |\n"
+            "| b | `memory/`, `storage/` |\n\n## Flow\n")
+    assert map_problems(tmp_path, page) == ["folder not in the map: bot/media/",
+                                            "the map names a folder that is not a package: bot/old/",
+                                            "the map names a missing file: bot/core/gone.py"]
+    assert map_problems(tmp_path, page.replace("## Where things live", "## Flow first\n\n## Where things live")) \
+        == [f"the page must open with {MAP!r}"]
