@@ -1,0 +1,3 @@
+"""The PostgreSQL engine of the storage port: its public face is ``PgDatabase``."""
+
+from storage.postgres.database import PgDatabase  # noqa: F401
