@@ -616,7 +616,7 @@ async def _db_copy(settings: Settings, args: argparse.Namespace) -> int:
 
     if not is_database_url(args.to):
         raise CliError(f"ethan: --to {args.to!r}: not a postgresql:// URL")
-    from storage.postgres import url_problem
+    from storage.postgres.url import url_problem
     if problem := url_problem(args.to):         # one line naming no credential, as for ETHAN_DATABASE_URL
         raise CliError(f"ethan: --to: {problem}")
     if not settings.db_path.exists():

@@ -172,8 +172,8 @@ class Settings(BaseSettings):
                              " or leave it empty for SQLite at $ETHAN_HOME/ethan.db")
         if v:
             # The rest of the URL too, before anything opens it: one line at start-up, not a
-            # traceback from the driver (storage/postgres.py: psycopg only when it is configured)
-            from storage.postgres import url_problem
+            # traceback from the driver (storage/postgres/: psycopg only when it is configured)
+            from storage.postgres.url import url_problem
             problem = url_problem(v)
             if problem:
                 raise ValueError(f"{problem} (expected postgresql://user:password@host:5432/db?sslmode=…)")
