@@ -157,7 +157,7 @@ def test_the_postgresql_ratio_is_the_latest_bench():
 def test_the_offline_model_is_not_described_as_a_missing_anthropic_key():
     texts = {"README.md": README, "docs/operations.md": OPERATIONS,
              "docs/console.md": (ROOT / "docs" / "console.md").read_text(),
-             "bot/infra/cli.py": (ROOT / "bot" / "infra" / "cli.py").read_text()}
+             "bot/infra/cli/__init__.py": (ROOT / "bot" / "infra" / "cli" / "__init__.py").read_text()}
     wrong = re.compile(r"(?:no|without)\s+`?ANTHROPIC_API_KEY`?(?:\s+in the env file)?\s*(?:[:)(|]|the built-in)|"
                        r"`?ANTHROPIC_API_KEY`?\s+empty to use the built-in offline", re.I)
     bad = {name: m.group(0) for name, text in texts.items() for m in [wrong.search(text)] if m}
