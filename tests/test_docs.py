@@ -202,4 +202,4 @@ def test_every_documented_setting_is_read_by_the_code_and_every_setting_is_docum
         for var in set(re.findall(r"\b((?:ETHAN|LARK)_[A-Z0-9_]*[A-Z0-9])\b", text)):
             if var not in fields and var not in _NOT_SETTINGS:
                 unknown.setdefault(name, []).append(var)
-    assert not unknown, f"documented variables that bot/infra/config.py does not read: {unknown}"
+    assert not unknown, f"documented variables that bot/infra/config/ does not read: {unknown}"
