@@ -68,7 +68,7 @@ async def _turns(registry, tool: str | None, args: dict, n: int) -> list[float]:
 
 
 async def _measure(quick: bool) -> list[str]:
-    from bot.infra.config import McpServerConfig
+    from bot.infra.config.sections import McpServerConfig
     from bot.tools import memory_tools
     from bot.tools.mcp import McpServer
     from bot.tools.registry import ToolDef, ToolRegistry

@@ -56,7 +56,7 @@ def is_database_error(e: BaseException | None) -> bool:
     while e is not None and seen < 5:
         if isinstance(e, (sqlite3.Error, DatabaseError)):
             return True
-        # PostgreSQL's driver errors, also when a store raised one past storage/postgres.py's
+        # PostgreSQL's driver errors, also when a store raised one past storage/postgres/wire.py's
         # translation (matched by module: psycopg is imported only when it is configured)
         if type(e).__module__.split(".")[0] in ("psycopg", "psycopg_pool"):
             return True
@@ -118,7 +118,7 @@ def for_update(conn: Any) -> str:
 @runtime_checkable
 class Connection(Protocol):
     """What a unit of work ``fn(conn, *args)`` gets from ``read`` / ``write``: a DB-API connection
-    taking SQLite's dialect — ``sqlite3.Connection`` itself, or storage/postgres.py's, which
+    taking SQLite's dialect — ``sqlite3.Connection`` itself, or storage/postgres/wire.py's, which
     translates — whose ``execute`` returns a cursor (``fetchone``, ``fetchall``)."""
 
     def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...

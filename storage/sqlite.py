@@ -36,7 +36,7 @@ BACKSTOP_CHECKPOINT_PAGES = 20_000   # ~80 MB of WAL before a commit checkpoints
 
 
 class SqliteDatabase:
-    """The storage port (storage.port.Database) on SQLite (storage/postgres.py: PostgreSQL's).
+    """The storage port (storage.port.Database) on SQLite (storage/postgres/database.py: PostgreSQL's).
 
     ``read(fn, *args)`` / ``write(fn, *args)`` run one unit of work ``fn(conn, *args)`` — a plain
     function over a DB-API connection — as one read snapshot / one serialised write transaction;

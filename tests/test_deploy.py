@@ -262,7 +262,7 @@ def test_fixed_environment_entries_are_real_settings(dockerfile, servers, unit):
     for where, env in (("Dockerfile ENV", image_env), *(("compose environment", s["environment"]) for s in servers),
                        ("unit Environment=", unit_env)):
         unknown = [k for k in env if k.startswith(("ETHAN_", "LARK_", "ANTHROPIC_")) and k not in fields]
-        assert not unknown, f"{where} sets {unknown}, which bot/infra/config.py does not read"
+        assert not unknown, f"{where} sets {unknown}, which bot/infra/config/ does not read"
 
 
 def _dockerfile_env(dockerfile: list[Instruction]) -> dict[str, str]:

@@ -289,7 +289,7 @@ def _insert_rows(conn, rows: list[tuple], owner: str, now: float, until: float,
     if conversations:
         # Every lease of the batch first, in one fixed order: two replicas' batches about the
         # same conversations then lock their lease rows in the same order, never in a cycle
-        # (PostgreSQL has no global write lock to order them; storage/postgres.py).
+        # (PostgreSQL has no global write lock to order them; storage/postgres/database.py).
         for conv_key in sorted({row[3] for row in rows if row[7] == "pending"}):
             held[conv_key] = _claim_conversation(conn, conv_key, owner, now, until)
     for row in rows:

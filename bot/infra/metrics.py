@@ -38,7 +38,7 @@ class Metrics:
                                       buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
         self.latency = Histogram("ethan_reply_latency_seconds", "Time from handling start to reply",
                                  buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120), registry=r)
-        # PostgreSQL (storage/postgres.py UnitStats): units of work, round trips to the server,
+        # PostgreSQL (storage/postgres/stats.py UnitStats): units of work, round trips to the server,
         # replays of a unit that lost a race — what a database further away costs (issue 29).
         self.database = Gauge("ethan_database_work", "PostgreSQL work since start, by kind "
                               "(units, round_trips, retries)", ["kind"], registry=r)

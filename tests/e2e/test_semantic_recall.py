@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bot.infra.config import ProviderConfig
+from bot.infra.config.sections import ProviderConfig
 from memory.scope import Scope
 from tests.fakes.fake_anthropic import Text, default_responder, is_chat
 from tests.fakes.fake_embeddings import FakeEmbeddings

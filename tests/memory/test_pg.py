@@ -1,4 +1,4 @@
-"""storage/postgres.py's own wire path on a real throwaway PostgreSQL (tests/pg_cluster.py): no lock
+"""storage/postgres/wire.py's own wire path on a real throwaway PostgreSQL (tests/pg_cluster.py): no lock
 shared by every writer, a per-key lock held from ``serialize`` to the unit's commit, rollback and reuse of a connection after a
 failed first statement, client-side binding of one-statement writes, prepared statements."""
 

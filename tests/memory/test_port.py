@@ -277,7 +277,7 @@ async def test_units_run_on_the_event_loop_and_a_cancelled_one_costs_nothing_els
             assert await db.read(_two_reads, row_id) == ("before", 1)
             assert await db.write(_two_writes, row_id, "before") == 1
             await db.executemany("INSERT INTO audit(at, actor, action) VALUES (1, ?, 'many')", [("a",), ("b",)])
-        from storage.postgres import EXECUTEMANY_BATCH
+        from storage.postgres.wire import EXECUTEMANY_BATCH
         many = [(f"r{i}",) for i in range(2 * EXECUTEMANY_BATCH + 1)]     # three pipelines
         await db.executemany("INSERT INTO audit(at, actor, action) VALUES (2, ?, 'batch')", many)
         assert hops == [], f"units hopped to a worker thread: {hops}"

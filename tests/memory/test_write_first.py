@@ -23,7 +23,7 @@ HOLD_KEY = 0x686F6C64
 def _hold(conn, started, release) -> None:
     """A unit that keeps the writer (SQLite) or the one connection (PostgreSQL) busy. On
     PostgreSQL it waits at the database, for an advisory lock the test holds: a unit may run on
-    the event loop (storage/postgres.py ``_on_loop``), where a thread's wait would stop it."""
+    the event loop (storage/postgres/database.py ``_on_loop``), where a thread's wait would stop it."""
     conn.execute("INSERT INTO audit(at, actor, action) VALUES (0, 'holder', 'write')")
     started.set()
     if getattr(conn, "dialect", "sqlite") == "postgres":

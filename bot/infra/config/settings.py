@@ -1,9 +1,10 @@
-"""Settings: the only place environment variables are read.
+"""``Settings``: every setting, its default, its validation, and what is derived from it; ``load_settings``.
 
-Sources, highest priority first: the environment, then `.env` in the working
-directory, then `$ETHAN_HOME/config.yaml` (the spec's global config file; keys
-are the same names, upper or lower case). A bad value stops start-up with one
-line naming the variable (``ConfigError``), never a traceback.
+The pydantic model whose fields are the environment variables (and ``.env``'s and
+config.yaml's keys), each validator stopping start-up with one line naming the variable, the
+properties derived from them (the model provider, the database, the replica id) and
+``load_settings``, which turns any failure into ``ConfigError``. The sources it reads
+(sources.py) and config.yaml's structured mappings (sections.py) are apart.
 """
 
 from __future__ import annotations
@@ -11,20 +12,20 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
-    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 from pydantic_settings.exceptions import SettingsError
+
+from bot.infra.config.sections import McpServerConfig, ProviderConfig, ResolvedProvider, ToolsConfig
+from bot.infra.config.sources import ConfigError, _read_var, _YamlSource
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
 # ETHAN_MODEL left empty: the main provider's kind picks the model (an OpenAI key must not
@@ -36,10 +37,6 @@ PROVIDER_KINDS = ("anthropic", "openai")
 # The built-in providers: their key and base URL are the SDKs' own variables.
 BUILTIN_PROVIDERS = {"anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
                      "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-
-
-class ConfigError(ValueError):
-    """One clear line about a bad setting."""
 
 
 class Settings(BaseSettings):
@@ -172,8 +169,8 @@ class Settings(BaseSettings):
                              " or leave it empty for SQLite at $ETHAN_HOME/ethan.db")
         if v:
             # The rest of the URL too, before anything opens it: one line at start-up, not a
-            # traceback from the driver (storage/postgres.py: psycopg only when it is configured)
-            from storage.postgres import url_problem
+            # traceback from the driver (storage/postgres/: psycopg only when it is configured)
+            from storage.postgres.url import url_problem
             problem = url_problem(v)
             if problem:
                 raise ValueError(f"{problem} (expected postgresql://user:password@host:5432/db?sslmode=…)")
@@ -468,136 +465,7 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, dotenv_settings, _YamlSource(settings_cls, env_settings, dotenv_settings))
 
 
-class ProviderConfig(BaseModel):
-    """One entry of config.yaml's ``providers:``."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["anthropic", "openai"]
-    base_url: str = ""
-    api_key_env: str = ""     # the variable holding its key (keys stay out of config files)
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        v = v.strip().rstrip("/")
-        if v and not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v
-
-
-class McpServerConfig(BaseModel):
-    """One entry of config.yaml's ``mcp_servers:`` (README "Tools and MCP servers")."""
-
-    model_config = ConfigDict(extra="forbid")
-    command: str = ""                 # stdio: the program, its args and extra env
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)      # values may say ${VAR}
-    cwd: str = ""
-    url: str = ""                     # streamable HTTP: the endpoint (…/mcp) and headers
-    headers: dict[str, str] = Field(default_factory=dict)  # values may say ${VAR}
-    timeout: float = Field(default=30.0, gt=0, le=600)     # per call and for start-up
-    # Read-only tools (offered in groups, never confirmed) are the operator's word only: a
-    # server's readOnlyHint is an untrusted hint (issue 45, N4). true: every tool of the server;
-    # false: none; unset: those named in read_only_tools (the server's own tool names).
-    read_only: bool | None = None
-    read_only_tools: list[str] = Field(default_factory=list)
-    # Its tool list rides on every request: more tools or bytes of definitions (name,
-    # description, schema as JSON) than this and none of its tools are offered (N5).
-    max_tools: int = Field(default=64, ge=1, le=10_000)
-    max_tool_bytes: int = Field(default=131_072, ge=1_024, le=16_777_216)
-
-    @field_validator("env", "headers", mode="before")
-    @classmethod
-    def _strings(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {str(k): str(x) for k, x in v.items()}
-        return v
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> "McpServerConfig":
-        if bool(self.command) == bool(self.url):
-            raise ValueError("give either command (stdio) or url (streamable HTTP)")
-        if self.url and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url must start with http:// or https://")
-        return self
-
-
-class ToolsConfig(BaseModel):
-    """config.yaml ``tools:`` — the tool policy (docs/operations.md "Tools")."""
-
-    model_config = ConfigDict(extra="forbid")
-    # Side-effecting tools in groups: off by default (p2p only); on, each call waits for the
-    # asker's click on a confirm card.
-    side_effects_in_groups: bool = False
-    chat_types: dict[str, list[Literal["p2p", "group"]]] = Field(default_factory=dict)  # provider/tool -> where
-    admins_only: list[str] = Field(default_factory=list)    # tool or provider names
-    disabled: list[str] = Field(default_factory=list)       # tool or provider names
-    lark_docs: bool = True            # the built-in Feishu documents reader
-    max_result_chars: int = Field(default=16_000, ge=500, le=200_000)
-    # All MCP servers' tools together (each server also has its own max_tools/max_tool_bytes).
-    mcp_max_tools: int = Field(default=128, ge=1, le=10_000)
-    mcp_max_bytes: int = Field(default=262_144, ge=1_024, le=67_108_864)
-
-    def budget(self):
-        from bot.tools.mcp import ToolBudget
-        return ToolBudget(max_tools=self.mcp_max_tools, max_bytes=self.mcp_max_bytes)
-
-    def policy(self):
-        from bot.tools.registry import ToolPolicy
-        return ToolPolicy(side_effects_in_groups=self.side_effects_in_groups,
-                          chat_types={k: tuple(v) for k, v in self.chat_types.items()},
-                          admins_only=frozenset(self.admins_only), disabled=frozenset(self.disabled))
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedProvider:
-    name: str
-    kind: str
-    base_url: str
-    api_key: str
-    key_setting: str      # where the key comes from, for messages naming the setting
-    url_setting: str
-
-
-def _read_var(name: str) -> str:
-    """A provider's key variable: the environment, then ./.env (as for every setting)."""
-    if os.environ.get(name):
-        return os.environ[name]
-    try:
-        from dotenv import dotenv_values
-
-        return str(dotenv_values(".env").get(name) or "") if Path(".env").is_file() else ""
-    except Exception:  # noqa: BLE001 — an unreadable .env is reported by the settings themselves
-        return ""
-
-
 Settings.model_rebuild()
-
-
-class _YamlSource(InitSettingsSource):
-    """$ETHAN_HOME/config.yaml, where ETHAN_HOME itself comes from env/.env/default."""
-
-    def __init__(self, settings_cls, env_settings, dotenv_settings) -> None:
-        home = None
-        for src in (env_settings, dotenv_settings):
-            try:
-                home = src().get("ethan_home") or home
-            except Exception:
-                pass
-            if home:
-                break
-        home = Path(os.path.expanduser(str(home))) if home else Path.home() / ".ethan"
-        data: dict[str, Any] = {}
-        path = home / "config.yaml"
-        if path.is_file():
-            try:
-                loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path}: not valid YAML ({e.__class__.__name__})") from None
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"{path}: expected a mapping of SETTING: value")
-            data = {str(k).lower(): v for k, v in loaded.items()}
-        super().__init__(settings_cls, data)
 
 
 def load_settings(**overrides: Any) -> Settings:
