@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from bot.agent.persona import persona
 from bot.core.inbound import Material
-from memory.episodes.store import episode_lines
+from memory.episodes.evidence import episode_lines
 from memory.models import caps
 from memory.text.similarity import normalise
 from memory.text.untrusted import TAG as UNTRUSTED_TAG
@@ -83,7 +83,7 @@ class MemoryBlocks:
     rules: tuple[str, ...] = ()
     profile: str = ""
     facts: tuple[Any, ...] = ()          # memory.facts.store.Fact
-    episodes: tuple[Any, ...] = ()       # memory.episodes.store.Episode
+    episodes: tuple[Any, ...] = ()       # memory.episodes.record.Episode
     long_term: str = ""
     summary: str = ""
     hot_turns: int = 0
@@ -153,7 +153,7 @@ def volatile_context(blocks: MemoryBlocks, *, today: str = "") -> str:
     sections: list[str] = []
     if blocks.episodes:
         # each episode: its heading (date, summary, keywords), then the lines said there that
-        # answer the message, with date and speaker (memory.episodes.store.episode_lines; the budget
+        # answer the message, with date and speaker (memory.episodes.evidence.episode_lines; the budget
         # is recall's, docs/memory.md)
         lines = [escape(line) for e in blocks.episodes for line in episode_lines(e)]
         sections.append(fence("related_episodes", "\n".join(lines)))

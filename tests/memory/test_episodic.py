@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from memory.episodes import store as E
-from memory.episodes.store import EpisodeStore, extract_keywords
+from memory.episodes.evidence import estimate_tokens
+from memory.episodes.keywords import extract_keywords
+from memory.episodes.recall import RECALL_MAX
+from memory.episodes.search import METHODS
+from memory.episodes.store import EpisodeStore
 from memory.scope import Scope
 from tests.memory import episodes_labelled as L
 
@@ -132,7 +135,7 @@ async def test_search_is_scoped_to_the_user(store, labelled):
     raj = await store.search(L.RAJ, "churn model", limit=10)
     assert {labelled[e.id] for e in emma} == {"e03"}
     assert {labelled[e.id][0] for e in raj} == {"r"}
-    for method in E.METHODS:
+    for method in METHODS:
         for user, query, _ in L.QUERIES:
             assert all(e.user_id == user for e in await store.search(user, query, limit=10, method=method))
 
@@ -140,7 +143,7 @@ async def test_search_is_scoped_to_the_user(store, labelled):
 @pytest.mark.parametrize("query", ['"', 'mysql OR "', "NEAR(a b)", "索引 AND NOT *", "-", "", "的了吗"])
 async def test_search_survives_fts_syntax_in_queries(store, query):
     await store.write(session_id="s", user_id="u", summary=SUMMARY, turn_count=2)
-    for method in E.METHODS:
+    for method in METHODS:
         await store.search("u", query, method=method)
 
 
@@ -152,7 +155,7 @@ async def test_recall_finds_related_episodes_and_nothing_for_unrelated_messages(
     for user, query, relevant in L.QUERIES:
         # Asked where the episode happened: a group's episode is recalled only in that group.
         got = await store.recall(scope(user, L.EPISODES[relevant[0]][1]), query)
-        assert len(got) <= E.RECALL_MAX
+        assert len(got) <= RECALL_MAX
         if got and labelled[got[0].id] in relevant:
             first_right += 1
     assert first_right / len(L.QUERIES) >= RELATED_RECALLED_FLOOR
@@ -211,12 +214,12 @@ async def test_recall_is_trimmed_to_the_token_budget(store):
     await store.write(session_id="s2", user_id="u", chat_type="p2p", summary="Kafka 消费者 rebalance 又出现了，调大了参数。", turn_count=3)
     got = await store.recall(scope("u"), "kafka 消费者 rebalance", k=2, max_tokens=100)
     assert got
-    assert sum(E.estimate_tokens(e.summary) for e in got) <= 100
+    assert sum(estimate_tokens(e.summary) for e in got) <= 100
     assert len(await store.recall(scope("u"), "kafka 消费者 rebalance", k=2, max_tokens=600)) == 2
 
 
 def test_token_estimate():
-    assert E.estimate_tokens("你好世界") == 4
-    assert E.estimate_tokens("abcdefgh") == 2
-    assert E.estimate_tokens("") == 0
+    assert estimate_tokens("你好世界") == 4
+    assert estimate_tokens("abcdefgh") == 2
+    assert estimate_tokens("") == 0
 
