@@ -42,7 +42,8 @@ from memory.episodes.evidence import episode_lines
 from memory.models import caps
 from memory.text.similarity import normalise
 from memory.text.untrusted import TAG as UNTRUSTED_TAG
-from memory.working.view import LONG_TERM_TAG, SUMMARY_TAG, estimate_tokens
+from memory.text.tokens import estimate_tokens
+from memory.working.view import LONG_TERM_TAG, SUMMARY_TAG
 
 MAX_BREAKPOINTS = 4             # Anthropic refuses a request with more
 

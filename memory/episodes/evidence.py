@@ -10,13 +10,12 @@ decisions (which episodes) because this is about how much of each is shown, and 
 
 from __future__ import annotations
 
-import math
 import re
 
 from memory.episodes.chunks import CHUNK_LINES, CHUNK_STRIDE, session_lines
 from memory.episodes.record import Episode
-from memory.text.tokenizer import CJK as _CJK
 from memory.text.tokenizer import index_terms
+from memory.text.tokens import estimate_tokens
 
 
 # What recall injects (docs/memory.md "What recall injects"): per message at most
@@ -35,18 +34,12 @@ PARTIAL_CREDIT = 0.5       # a message word met only through its sub-words (数�
 MIN_TRIMMED_TOKENS = 40    # below this, a second episode is left out rather than cut
 
 
-def estimate_tokens(text: str) -> int:
-    """A CJK character is about one token; other text about four characters a token."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 4)
-
-
 def _trim_to_tokens(text: str, budget: int) -> str:
     if estimate_tokens(text) <= budget:
         return text
     used = 0.0
     for i, ch in enumerate(text):
-        used += 1.0 if _CJK.match(ch) else 0.25
+        used += 0.25 if ch.isascii() else 1.0   # as estimate_tokens counts
         if used > budget - 1:
             return text[:i].rstrip() + "…"
     return text

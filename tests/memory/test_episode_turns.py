@@ -116,7 +116,8 @@ async def test_deleting_a_session_deletes_its_episode_and_its_turns(store, db):
 async def test_recall_injects_the_matching_lines_with_neighbours_within_the_budget(store):
     # issue 31: the words that answer the question reach the model — the line that holds them,
     # with one neighbour either side, dated and with its speaker; not only the summary
-    from memory.episodes.evidence import RECALL_BUDGET_TOKENS, episode_lines, estimate_tokens
+    from memory.episodes.evidence import RECALL_BUDGET_TOKENS, episode_lines
+    from memory.text.tokens import estimate_tokens
 
     filler = [f"Work was busy again today, meeting number {i}." for i in range(20)]
     lines = ["I'm planning a trip to Japan.", *filler[:9], "Before that I renewed my passport.",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from memory.episodes.evidence import estimate_tokens
 from memory.episodes.keywords import extract_keywords
 from memory.episodes.recall import RECALL_MAX
 from memory.episodes.search import METHODS
 from memory.episodes.store import EpisodeStore
 from memory.scope import Scope
+from memory.text.tokens import estimate_tokens
 from tests.memory import episodes_labelled as L
 
 # Floors measured on the labelled set (bench/bench_episode_search.py prints the numbers:
@@ -222,4 +222,40 @@ def test_token_estimate():
     assert estimate_tokens("你好世界") == 4
     assert estimate_tokens("abcdefgh") == 2
     assert estimate_tokens("") == 0
+
+
+def test_the_one_token_estimate_counts_as_episodes_did_on_ascii_and_cjk():
+    """Issue 46: episodes had their own estimate (a CJK ideograph one token, any other character
+    a quarter); the one kept (memory/text/tokens.py) gives the same number on ASCII and on ASCII +
+    CJK ideograph text, and counts every other non-ASCII character (accented Latin, emoji, kana,
+    full-width punctuation) one token — higher, the safe side of a budget."""
+    import math
+    import random
+
+    from memory.text.tokenizer import CJK
+
+    def episodes_before(text):
+        cjk = len(CJK.findall(text))
+        return cjk + math.ceil((len(text) - cjk) / 4)
+
+    rng = random.Random(46)
+    ideographs = [chr(c) for c in range(0x4E00, 0xA000, 97)] + [chr(c) for c in range(0x3400, 0x4DC0, 89)]
+    ascii_chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    for _ in range(2000):
+        share = rng.random()
+        text = "".join(rng.choice(ideographs if rng.random() < share else ascii_chars)
+                       for _ in range(rng.randint(0, 80)))
+        assert estimate_tokens(text) == episodes_before(text), text
+    for text, before, now in [("café crème", 3, 4), ("naïve 😀", 2, 4), ("你好，世界。", 5, 6), ("こんにちは", 2, 5)]:
+        assert (episodes_before(text), estimate_tokens(text)) == (before, now), text
+
+
+def test_trimming_to_a_budget_counts_as_the_estimate_does():
+    from memory.episodes.evidence import _trim_to_tokens
+
+    for text in ["café crème brûlée " * 60, "你好，世界。" * 100, "emoji 😀 here " * 80, "plain ascii " * 200]:
+        for budget in (5, 20, 57, 300):
+            cut = _trim_to_tokens(text, budget)
+            assert cut.endswith("…") and estimate_tokens(cut) <= budget, (text[:20], budget)
+            assert estimate_tokens(cut) >= budget - 2, (text[:20], budget)     # not cut short either
 
