@@ -9,7 +9,6 @@ because they are pure functions of text (no database, no model).
 
 Words
 -----
------
 The words come from the shared tokeniser (memory/text/tokenizer.py: jieba for Chinese, stop words
 dropped, English lightly stemmed). ``extract_keywords(text, k=8)`` — at most ``k`` (≤ 8)
 distinct words ranked by term frequency, ties broken by first appearance; ``search_terms`` /

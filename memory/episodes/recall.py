@@ -3,12 +3,10 @@
 ``EpisodeRecall`` (mixed into ``EpisodeStore``) holds ``recall`` — the gate on the weighted
 coverage of the message's words, the "last time" cue, how many episodes — with the reads it
 makes (``_recall_reads``) and the lone-word rule (``_lone_word_decides``); the semantic half is
-``SemanticRecall`` (memory/episodes/semantic.py), what is shown of each episode
+``SemanticRecall`` (memory/episodes/semantic.py); what is shown of each episode is in
 memory/episodes/evidence.py. Apart from the store because these are decisions tuned on the
 labelled sets, not storage; it uses the store's ``db``, ``recent`` and ``_off_loop``.
 
-Recall
-------
 Recall
 ------
 ``recall(scope, text)``: candidates are the RRF top ``RECALL_CANDIDATES``; each is judged by

@@ -5,6 +5,7 @@ When a session ends with at least two user turns, ``EpisodeStore.write`` keeps o
 model, turn_count, keywords) plus its scope (user_id, chat_id, chat_type, visibility —
 an episode of a p2p chat is ``private``). Writing is idempotent per (user, session):
 a resumed session that ends again updates its episode.
+
 The rest of the layer, each in its module: the words (memory/episodes/keywords.py), the record
 (record.py), the engines' rankings (search.py), recall's decisions (recall.py) and its semantic
 half (semantic.py), what recall injects within its budget (evidence.py); the vectors
@@ -19,7 +20,7 @@ session, ``CHUNK_LINES`` lines per chunk overlapping by one, each with its terms
 other sessions). ``started_at`` / ``ended_at``: the session's first and last message.
 PostgreSQL: GIN indexes over ``term_array`` (``terms`` split, a stored column) of both tables, and
 ``episode_index_stats`` (schema v9) for BM25's row count and term total; ``_bm25_rows``
-computes FTS5's bm25() there, so both engines give the same rankings (docs/memory.md).
+(search.py) computes FTS5's bm25() there, so both engines give the same rankings (docs/memory.md).
 """
 
 from __future__ import annotations
