@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memory.episodes import store as episodic
+from memory.episodes import recall as episodic_recall, search as episodic_search
 from memory.text import tokenizer  # noqa: E402
 from storage.sqlite import SqliteDatabase  # noqa: E402
 from memory.episodes.store import EpisodeStore  # noqa: E402
@@ -99,9 +99,9 @@ async def _run(quick: bool) -> list[str]:
                     await _pad(store, users - padded)
                     padded = users
                 total = len(L.EPISODES) + padded * len(L.EPISODES)
-                for method in episodic.METHODS:
+                for method in episodic_search.METHODS:
                     q = await _quality(store, label_of, method, reps)
-                    default = " (default)" if method == episodic.DEFAULT_METHOD else ""
+                    default = " (default)" if method == episodic_search.DEFAULT_METHOD else ""
                     lines.append(
                         f"| {name} ({total} episodes) | {method}{default} | {q['r1']:.3f} | {q['r3']:.3f} "
                         f"| {q['mrr']:.3f} | {q['ms']:.2f} |"
@@ -118,8 +118,8 @@ async def _run(quick: bool) -> list[str]:
         "",
         *lines,
         "",
-        f"Recall gate (threshold {episodic.RECALL_THRESHOLD} for one matching word, "
-        f"{episodic.RECALL_THRESHOLD_MULTI} for {episodic.RECALL_MIN_TERMS}+):",
+        f"Recall gate (threshold {episodic_recall.RECALL_THRESHOLD} for one matching word, "
+        f"{episodic_recall.RECALL_THRESHOLD_MULTI} for {episodic_recall.RECALL_MIN_TERMS}+):",
         "",
         "| table | related messages recalling their episode first | unrelated messages recalling anything | median recall ms |",
         "|---|---:|---:|---:|",

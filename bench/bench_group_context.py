@@ -59,11 +59,11 @@ async def _case(budget: int, n: int, discussion: int) -> tuple[list[float], list
 
 
 def _cjk_aware(body: dict) -> int:
-    """Ethan's own estimate (memory.working.view.estimate_tokens, CJK-aware) of the request's text:
+    """Ethan's own estimate (memory.text.tokens.estimate_tokens, CJK-aware) of the request's text:
     the fake's chars/4 understates Chinese ~2.5×."""
     import json
 
-    from memory.working.view import estimate_tokens
+    from memory.text.tokens import estimate_tokens
 
     return estimate_tokens(json.dumps([body.get("system"), body.get("messages")], ensure_ascii=False))
 

@@ -132,7 +132,8 @@ async def _e2e(c: R.Corpus, embedding: str = "") -> dict:
                         "embed_s": app.indexer.seconds, "wait_s": index_s,
                         "query_ms_p50": times[len(times) // 2] * 1000}
 
-            from memory.episodes.store import episode_lines, estimate_tokens
+            from memory.episodes.evidence import episode_lines
+            from memory.text.tokens import estimate_tokens
             from memory.text.tokenizer import search_terms
 
             session_of = {s.label: s for s in c.sessions}
@@ -205,12 +206,13 @@ async def _e2e(c: R.Corpus, embedding: str = "") -> dict:
     }
 
 
-from memory.episodes.store import RECALL_BUDGET_TOKENS  # noqa: E402
+from memory.episodes.evidence import RECALL_BUDGET_TOKENS  # noqa: E402
 
 
 async def _store(c: R.Corpus) -> dict:
     from storage.sqlite import SqliteDatabase
-    from memory.episodes.store import METHODS, EpisodeStore
+    from memory.episodes.search import METHODS
+    from memory.episodes.store import EpisodeStore
     from memory.text.tokenizer import warm_up
 
     warm_up()

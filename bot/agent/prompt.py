@@ -38,11 +38,12 @@ from typing import Any, Sequence
 
 from bot.agent.persona import persona
 from bot.core.inbound import Material
-from memory.episodes.store import episode_lines
+from memory.episodes.evidence import episode_lines
 from memory.models import caps
 from memory.text.similarity import normalise
 from memory.text.untrusted import TAG as UNTRUSTED_TAG
-from memory.working.view import LONG_TERM_TAG, SUMMARY_TAG, estimate_tokens
+from memory.text.tokens import estimate_tokens
+from memory.working.view import LONG_TERM_TAG, SUMMARY_TAG
 
 MAX_BREAKPOINTS = 4             # Anthropic refuses a request with more
 
@@ -83,7 +84,7 @@ class MemoryBlocks:
     rules: tuple[str, ...] = ()
     profile: str = ""
     facts: tuple[Any, ...] = ()          # memory.facts.store.Fact
-    episodes: tuple[Any, ...] = ()       # memory.episodes.store.Episode
+    episodes: tuple[Any, ...] = ()       # memory.episodes.record.Episode
     long_term: str = ""
     summary: str = ""
     hot_turns: int = 0
@@ -153,7 +154,7 @@ def volatile_context(blocks: MemoryBlocks, *, today: str = "") -> str:
     sections: list[str] = []
     if blocks.episodes:
         # each episode: its heading (date, summary, keywords), then the lines said there that
-        # answer the message, with date and speaker (memory.episodes.store.episode_lines; the budget
+        # answer the message, with date and speaker (memory.episodes.evidence.episode_lines; the budget
         # is recall's, docs/memory.md)
         lines = [escape(line) for e in blocks.episodes for line in episode_lines(e)]
         sections.append(fence("related_episodes", "\n".join(lines)))

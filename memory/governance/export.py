@@ -66,8 +66,9 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter, ValidationError, field_validator
 
 from storage import Database, fetch_one, serialize_tx
-from memory.episodes.store import (MAX_BODY_LINES, MAX_IMPORT_SUMMARY_CHARS, MAX_KEYWORDS, MAX_SUMMARY_CHARS,
-                             CHUNK_LINES, CHUNK_STRIDE,
+from memory.episodes.chunks import CHUNK_LINES, CHUNK_STRIDE
+from memory.episodes.keywords import MAX_KEYWORDS
+from memory.episodes.store import (MAX_BODY_LINES, MAX_IMPORT_SUMMARY_CHARS, MAX_SUMMARY_CHARS,
                              prepare_chunks, summary_terms, write_chunks)
 from memory.facts.store import CATEGORIES, SOURCES as FACT_SOURCES, FactError, clean_content
 from memory.procedures import DEFAULT_MAX_RULES, clean_context, clean_rule
@@ -367,7 +368,7 @@ async def collect(db: Database, user_id: str) -> dict[str, str]:
             "updated_at": r["updated_at"],
         })
     turns_of: dict[int, list[str]] = {}
-    for r in chunk_rows:      # chunks overlap by one line (episodic.CHUNK_LINES - CHUNK_STRIDE)
+    for r in chunk_rows:      # chunks overlap by one line (chunks.CHUNK_LINES - CHUNK_STRIDE)
         part = r["text"].split("\n")
         have = turns_of.setdefault(r["episode_id"], [])
         have.extend(part if not have else part[CHUNK_LINES - CHUNK_STRIDE:])

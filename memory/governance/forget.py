@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage import Database, serialize_tx
-from memory.episodes.store import extract_keywords, prepare_chunks, session_lines, summary_terms, write_chunks
+from memory.episodes.chunks import session_lines
+from memory.episodes.keywords import extract_keywords
+from memory.episodes.store import prepare_chunks, summary_terms, write_chunks
 from memory.text.tokenizer import search_terms
 
 _NUMBER = re.compile(r"\d{3,}")

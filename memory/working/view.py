@@ -44,6 +44,7 @@ from typing import Any
 from memory.working.consolidation_state import State
 from memory.working.consolidation_store import read_state, read_state_and_meta
 from memory.sessions.speaker import label as speaker_label
+from memory.text.tokens import estimate_tokens
 from memory.working.turns import (MAX_ID, MemoryConfig, Message, SessionMeta, Turn, WarmSummary, group_turns,
                           is_turn_start, read_last_message, read_message_rows, read_meta, read_turns, read_warm)
 from storage import Connection, Database
@@ -86,17 +87,6 @@ def cap(text: str, limit: int = REPLAY_CAP) -> str:
 
 def label(text: str, name: str) -> str:
     return speaker_label(text, name)     # escaped: a member cannot fake another's label (memory/sessions/speaker.py)
-
-
-def estimate_tokens(text: str) -> int:
-    """A generous token estimate without a tokenizer: ASCII ~4 characters a token, anything
-    else (CJK above all) one token a character. Used for budgets and the prompt-cache
-    minimums, where counting high is the safe side."""
-    if text.isascii():          # the common case, in C
-        return (len(text) + 3) // 4
-    # encode(…, "ignore") drops every non-ASCII character: the count in C, not per character
-    ascii_chars = len(text.encode("ascii", "ignore"))
-    return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)
 
 
 def _turn_tokens(turn: "Turn") -> int:

@@ -340,7 +340,7 @@ CREATE TABLE profile_sources (
 CREATE INDEX profile_sources_session ON profile_sources(session_id);
 """
 
-# Version 9: episode search on PostgreSQL (FTS5's BM25, memory/episodes/store.py).
+# Version 9: episode search on PostgreSQL (FTS5's BM25, memory/episodes/search.py).
 # - term_array: the terms split once, at write time. The GIN indexes of V1/V4 were over the
 #   expression regexp_split_to_array(terms, ' '); a query the planner answers by a scan (a
 #   common word) or a heap row BM25 reads then re-split every row, which measured ~1 s for a

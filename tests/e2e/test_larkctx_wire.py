@@ -471,7 +471,7 @@ async def _ask_no_model(srv, lark, event, n: int = 1):
 # -- gaps: the group-context budget, mentions on the streamed-card path ----------------------
 
 async def test_the_group_context_keeps_the_newest_messages_within_the_token_budget(tmp_path, lark, model):
-    from memory.working.view import estimate_tokens
+    from memory.text.tokens import estimate_tokens
 
     said = [(w, f"第{i}条：" + "关于发布计划的详细讨论内容，" * 4) for i, w in
             enumerate(["ou_alice", "ou_bob", "ou_carol", "ou_alice", "ou_bob"], 1)]

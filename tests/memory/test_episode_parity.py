@@ -1,5 +1,5 @@
 """Episode search and recall give the same answers on SQLite (FTS5's bm25()) and PostgreSQL
-(the same BM25 over the GIN-indexed term arrays, memory/episodes/store.py): one corpus written to
+(the same BM25 over the GIN-indexed term arrays, memory/episodes/search.py): one corpus written to
 both engines, every query of the labelled sets asked of both, the results compared — order,
 scores, matched words, excerpts."""
 
@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from memory.episodes import store as E
 from storage import database
+from memory.episodes.keywords import MAX_QUERY_TERMS
+from memory.episodes.record import _where
+from memory.episodes.search import _bm25_rows, pg_bm25_query
 from memory.episodes.store import EpisodeStore
+from memory.text.tokenizer import search_terms
 from memory.scope import Scope
 from tests.memory import episodes_labelled as L
 from tests.memory import recall_corpus as R
@@ -84,13 +87,13 @@ async def test_bm25_scores_are_fts5s_to_the_last_bit(engines):
     """The raw rankings (what RRF fuses), not only the order: FTS5's bm25() and the SQL BM25
     are the same float8 arithmetic."""
     for user, q in _queries()[:60]:
-        terms = E.search_terms(q)[:E.MAX_QUERY_TERMS]
+        terms = search_terms(q)[:MAX_QUERY_TERMS]
         if not terms:
             continue
-        where, params = E._where(user, None, None)
+        where, params = _where(user, None, None)
         for table in ("episodes", "episode_chunks"):
-            a = await engines["sqlite"].db.read(E._bm25_rows, table, " AND ".join(where), params, terms, 200)
-            b = await engines["postgres"].db.read(E._bm25_rows, table, " AND ".join(where), params, terms, 200)
+            a = await engines["sqlite"].db.read(_bm25_rows, table, " AND ".join(where), params, terms, 200)
+            b = await engines["postgres"].db.read(_bm25_rows, table, " AND ".join(where), params, terms, 200)
             ids = await engines["sqlite"].db.fetchall("SELECT id, session_id FROM episodes")
             pg_ids = await engines["postgres"].db.fetchall("SELECT id, session_id FROM episodes")
             sa = {r["id"]: r["session_id"] for r in ids}
@@ -160,9 +163,9 @@ async def test_a_copied_database_searches_the_same(engines, pg_cluster):
 async def test_postgres_search_uses_the_gin_indexes(engines):
     pg = engines["postgres"].db
     await pg.execute("ANALYZE")
-    where, params = E._where(L.LIN, None, None)
+    where, params = _where(L.LIN, None, None)
     for table in ("episodes", "episode_chunks"):
-        sql, args = E.pg_bm25_query(table, " AND ".join(where), params, ["慢查询", "索引"], 50)
+        sql, args = pg_bm25_query(table, " AND ".join(where), params, ["慢查询", "索引"], 50)
 
         def explain(conn, sql=sql, args=args):
             conn.execute("SET enable_seqscan = off")   # a small table: show what the planner can use

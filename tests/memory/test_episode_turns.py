@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.episodes import store as E
+from memory.episodes.search import DEFAULT_METHOD
 from memory.episodes.store import EpisodeStore
 from memory.scope import Scope
 from tests.memory import recall_corpus as R
@@ -34,7 +34,7 @@ async def test_turns_are_searched_beside_the_summary(store, generated):
     c, label_of = generated
     rrf, misses = await R.retrieval(store, c, label_of, "rrf")
     summaries_only, _ = await R.retrieval(store, c, label_of, "bm25")
-    assert E.DEFAULT_METHOD == "rrf"
+    assert DEFAULT_METHOD == "rrf"
     assert rrf >= RRF_RECALL3_FLOOR, misses[:10]
     assert rrf > summaries_only + 0.2      # the details are in the turns only
 
@@ -47,7 +47,7 @@ async def test_the_gate_recalls_the_evidence_session_and_nothing_for_unrelated(s
 
 
 async def test_on_the_larger_generated_set_no_unrelated_message_gets_an_episode(store):
-    # Before the lone-word rule (episodic._lone_word_decides) 3 of 132 got one here: 我投的是哪家
+    # Before the lone-word rule (recall._lone_word_decides) 3 of 132 got one here: 我投的是哪家
     # 公司？ twice (公司, said in passing in a session about moving) and "What's the capital of
     # Australia?" (the visa session) — each on one matched word that says nothing of the user.
     c = R.corpus(seed=7, users=12, sessions_per_user=12)
@@ -116,7 +116,8 @@ async def test_deleting_a_session_deletes_its_episode_and_its_turns(store, db):
 async def test_recall_injects_the_matching_lines_with_neighbours_within_the_budget(store):
     # issue 31: the words that answer the question reach the model — the line that holds them,
     # with one neighbour either side, dated and with its speaker; not only the summary
-    from memory.episodes.store import RECALL_BUDGET_TOKENS, episode_lines, estimate_tokens
+    from memory.episodes.evidence import RECALL_BUDGET_TOKENS, episode_lines
+    from memory.text.tokens import estimate_tokens
 
     filler = [f"Work was busy again today, meeting number {i}." for i in range(20)]
     lines = ["I'm planning a trip to Japan.", *filler[:9], "Before that I renewed my passport.",

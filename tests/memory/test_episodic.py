@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from memory.episodes import store as E
-from memory.episodes.store import EpisodeStore, extract_keywords
+from memory.episodes.keywords import extract_keywords
+from memory.episodes.recall import RECALL_MAX
+from memory.episodes.search import METHODS
+from memory.episodes.store import EpisodeStore
 from memory.scope import Scope
+from memory.text.tokens import estimate_tokens
 from tests.memory import episodes_labelled as L
 
 # Floors measured on the labelled set (bench/bench_episode_search.py prints the numbers:
@@ -132,7 +135,7 @@ async def test_search_is_scoped_to_the_user(store, labelled):
     raj = await store.search(L.RAJ, "churn model", limit=10)
     assert {labelled[e.id] for e in emma} == {"e03"}
     assert {labelled[e.id][0] for e in raj} == {"r"}
-    for method in E.METHODS:
+    for method in METHODS:
         for user, query, _ in L.QUERIES:
             assert all(e.user_id == user for e in await store.search(user, query, limit=10, method=method))
 
@@ -140,7 +143,7 @@ async def test_search_is_scoped_to_the_user(store, labelled):
 @pytest.mark.parametrize("query", ['"', 'mysql OR "', "NEAR(a b)", "索引 AND NOT *", "-", "", "的了吗"])
 async def test_search_survives_fts_syntax_in_queries(store, query):
     await store.write(session_id="s", user_id="u", summary=SUMMARY, turn_count=2)
-    for method in E.METHODS:
+    for method in METHODS:
         await store.search("u", query, method=method)
 
 
@@ -152,7 +155,7 @@ async def test_recall_finds_related_episodes_and_nothing_for_unrelated_messages(
     for user, query, relevant in L.QUERIES:
         # Asked where the episode happened: a group's episode is recalled only in that group.
         got = await store.recall(scope(user, L.EPISODES[relevant[0]][1]), query)
-        assert len(got) <= E.RECALL_MAX
+        assert len(got) <= RECALL_MAX
         if got and labelled[got[0].id] in relevant:
             first_right += 1
     assert first_right / len(L.QUERIES) >= RELATED_RECALLED_FLOOR
@@ -211,12 +214,48 @@ async def test_recall_is_trimmed_to_the_token_budget(store):
     await store.write(session_id="s2", user_id="u", chat_type="p2p", summary="Kafka 消费者 rebalance 又出现了，调大了参数。", turn_count=3)
     got = await store.recall(scope("u"), "kafka 消费者 rebalance", k=2, max_tokens=100)
     assert got
-    assert sum(E.estimate_tokens(e.summary) for e in got) <= 100
+    assert sum(estimate_tokens(e.summary) for e in got) <= 100
     assert len(await store.recall(scope("u"), "kafka 消费者 rebalance", k=2, max_tokens=600)) == 2
 
 
 def test_token_estimate():
-    assert E.estimate_tokens("你好世界") == 4
-    assert E.estimate_tokens("abcdefgh") == 2
-    assert E.estimate_tokens("") == 0
+    assert estimate_tokens("你好世界") == 4
+    assert estimate_tokens("abcdefgh") == 2
+    assert estimate_tokens("") == 0
+
+
+def test_the_one_token_estimate_counts_as_episodes_did_on_ascii_and_cjk():
+    """Issue 46: episodes had their own estimate (a CJK ideograph one token, any other character
+    a quarter); the one kept (memory/text/tokens.py) gives the same number on ASCII and on ASCII +
+    CJK ideograph text, and counts every other non-ASCII character (accented Latin, emoji, kana,
+    full-width punctuation) one token — higher, the safe side of a budget."""
+    import math
+    import random
+
+    from memory.text.tokenizer import CJK
+
+    def episodes_before(text):
+        cjk = len(CJK.findall(text))
+        return cjk + math.ceil((len(text) - cjk) / 4)
+
+    rng = random.Random(46)
+    ideographs = [chr(c) for c in range(0x4E00, 0xA000, 97)] + [chr(c) for c in range(0x3400, 0x4DC0, 89)]
+    ascii_chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    for _ in range(2000):
+        share = rng.random()
+        text = "".join(rng.choice(ideographs if rng.random() < share else ascii_chars)
+                       for _ in range(rng.randint(0, 80)))
+        assert estimate_tokens(text) == episodes_before(text), text
+    for text, before, now in [("café crème", 3, 4), ("naïve 😀", 2, 4), ("你好，世界。", 5, 6), ("こんにちは", 2, 5)]:
+        assert (episodes_before(text), estimate_tokens(text)) == (before, now), text
+
+
+def test_trimming_to_a_budget_counts_as_the_estimate_does():
+    from memory.episodes.evidence import _trim_to_tokens
+
+    for text in ["café crème brûlée " * 60, "你好，世界。" * 100, "emoji 😀 here " * 80, "plain ascii " * 200]:
+        for budget in (5, 20, 57, 300):
+            cut = _trim_to_tokens(text, budget)
+            assert cut.endswith("…") and estimate_tokens(cut) <= budget, (text[:20], budget)
+            assert estimate_tokens(cut) >= budget - 2, (text[:20], budget)     # not cut short either
 

@@ -151,7 +151,7 @@ async def test_endpoint_down_recall_falls_back_to_bm25_with_one_log_line(db, fak
     await _index(db, emb)
     fake.down = True
     fake.requests.clear()
-    caplog.set_level(logging.INFO, logger="memory.episodes.store")
+    caplog.set_level(logging.INFO, logger="memory.episodes.semantic")
     got = await store.recall(ALICE, "What did I plan for the garden, tomatoes?")
     assert [e.id for e in got] == [ids["garden"]]                        # BM25 answered
     got = await store.recall(ALICE, "Which trip to Lisbon?")
@@ -225,7 +225,7 @@ def test_the_embedding_setting_is_checked_at_start(tmp_path):
 
 async def test_without_numpy_the_vectors_rank_the_same(db, fake, monkeypatch):
     # a remote embedding model needs no numpy: the SQL-function path must give the same ranking
-    from memory.episodes.store import _where
+    from memory.episodes.record import _where
 
     emb = embedder(fake)
     await _sessions(EpisodeStore(db, embedder=emb))

@@ -24,7 +24,7 @@ from bot.lark.normalize import epoch_seconds, flatten_post
 from bot.lark.openapi.client import Category, LarkApiError, OpenApi
 from bot.lark.openapi.quoted import card_texts, message_content
 from bot.infra.log import get_logger
-from memory.working.view import estimate_tokens
+from memory.text.tokens import estimate_tokens
 
 log = get_logger("ethan.lark.discussion")
 
