@@ -56,7 +56,7 @@ import re
 from storage import Database, dialect_of, fetch_all, serialize_tx
 from memory.episodes.store import extract_keywords, prepare_chunks, summary_terms, write_chunks
 from memory.text.tokenizer import is_warm, warm_up
-from memory.sessions.store import make_title
+from memory.sessions.records import make_title
 from memory.sessions.speaker import label as speaker_label
 
 ERASED_PAYLOAD = '{"erased": true}'
