@@ -322,7 +322,7 @@ class Commands:
         return "\n".join(lines)
 
     async def resume(self, ctx: Ctx) -> str:
-        from memory.sessions.store import AmbiguousSession, SessionNotFound
+        from memory.sessions.records import AmbiguousSession, SessionNotFound
 
         if not ctx.args:
             return ctx.t("用法：/resume <id>（/sessions 查看 id）", "Usage: /resume <id> (see /sessions for ids)")

@@ -20,7 +20,7 @@ change. Rules that carry private information belong in facts or the profile, whi
 p2p privacy rule.
 
 Rules are de-duplicated per scope: a rule equal after ``similarity.normalise``, or the same
-statement by ``memory.facts.store.relation`` (similarity >= ``SAME`` with the same polarity and no
+statement by ``memory.facts.matching.relation`` (similarity >= ``SAME`` with the same polarity and no
 substituted value — so "回复都用简体中文，不用繁体" and "回复都用繁体中文，不用简体" stay two
 rules), returns the existing rule (``created=False``). A new rule does not replace a
 contradicting one; both are kept and shown. Rules are one line of at
@@ -39,7 +39,7 @@ from storage import Database, serialize
 from memory.queries import Query, run
 from memory.text.redact import looks_like_secret
 from memory.scope import Scope
-from memory.facts.store import SAME_FACT, relation
+from memory.facts.matching import SAME_FACT, relation
 from memory.text.similarity import normalise
 
 MAX_RULE_CHARS = 500

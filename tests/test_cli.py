@@ -28,7 +28,7 @@ import structlog
 
 from bot.infra.cli import main
 from storage.sqlite import SqliteDatabase
-from memory.governance.export import FILES, MANIFEST
+from memory.governance.export_format import FILES, MANIFEST
 from memory.scope import Scope
 from memory.sessions.store import SessionStore
 

@@ -1,5 +1,6 @@
-"""`ethan memory export` / `import` (memory/governance/export.py): the spec's file layout, validation,
-all-or-nothing, idempotence, and a lossless round trip through a fresh database."""
+"""`ethan memory export` / `import` (memory/governance/export.py, export_format.py, import_check.py,
+import_.py): the spec's file layout, validation, all-or-nothing, idempotence, and a lossless round
+trip through a fresh database."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from tests.conftest import BACKENDS
 async def open_target(target):
     return await open_target_db(target).open()
 from memory.episodes.store import EpisodeStore
-from memory.governance.export import FILES, MANIFEST, SCHEDULES, ImportRefused, collect, export_user, import_user, read_bundle
+from memory.governance.export import collect, export_user
+from memory.governance.export_format import FILES, MANIFEST, SCHEDULES, ImportRefused
+from memory.governance.import_ import import_user
+from memory.governance.import_check import read_bundle
 from memory.facts.store import FactStore
 from memory.procedures import ProcedureStore
 from memory.profile.store import ProfileStore

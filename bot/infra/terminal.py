@@ -37,7 +37,7 @@ from memory.scope import conversation_key
 
 if TYPE_CHECKING:
     from bot.app import EthanApp
-    from memory.sessions.store import SessionInfo
+    from memory.sessions.records import SessionInfo
 
 CHAT_PREFIX = "oc_cli_"
 EXIT_WORDS = ("/exit", "/quit", "／exit", "／quit")
@@ -222,7 +222,8 @@ class TerminalChat:
         its last messages. Returns the session it closed, if any (its episode is then due).
         Runs on its own connection before the app starts; ResumeError if there is no such
         session (or several)."""
-        from memory.sessions.store import AmbiguousSession, SessionNotFound, SessionStore
+        from memory.sessions.records import AmbiguousSession, SessionNotFound
+        from memory.sessions.store import SessionStore
 
         if not self.settings.ethan_database_url and not self.settings.db_path.exists():
             raise ResumeError(f"ethan: no session of {self.user_id} to resume (nothing stored yet in "

@@ -290,7 +290,7 @@ _EXISTING = re.compile(r"^- #(\d+): (.*)$")
 def _decide(fact: dict[str, Any], existing: list[tuple[int, str]]) -> dict[str, Any]:
     """The extraction contract's decision against the user's existing facts, as a model would
     make it: the same fact → reinforce; a contradiction or a correction → update that fact."""
-    from memory.facts.store import CONTRADICTS, SAME_FACT, corrected_fact, relation
+    from memory.facts.matching import CONTRADICTS, SAME_FACT, corrected_fact, relation
 
     for fid, old in existing:
         kind = relation(fact["content"], old, category=fact["category"])

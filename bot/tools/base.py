@@ -94,7 +94,8 @@ async def own_words(ctx: ToolContext, tool: str, content: str, *, args: dict[str
     if ctx.heard and ctx.typed is None:
         typed = typed.replace(ctx.heard, " ", 1)
     if others_ok:
-        from memory.facts.store import _others, strong_signals
+        from memory.facts.confidence import strong_signals
+        from memory.facts.matching import _others
 
         if strong_signals(typed) and _others(content.casefold()):
             return

@@ -290,7 +290,7 @@ class ConsoleData:
 
     # -- sessions ----------------------------------------------------------------------
     async def sessions(self, user_id: str = "", query: str = "") -> list[dict]:
-        from memory.sessions.store import EmptyQuery
+        from memory.sessions.search import EmptyQuery
 
         user = check_user(user_id) if user_id else None
         query = (query or "").strip()[:200]
@@ -311,7 +311,7 @@ class ConsoleData:
         return [session_dict(s) for s in await store.list(user_id=user, limit=LIST_LIMIT)]
 
     async def session(self, session_id: str, user_id: str = "") -> dict:
-        from memory.sessions.store import AmbiguousSession, SessionNotFound
+        from memory.sessions.records import AmbiguousSession, SessionNotFound
 
         if not re.match(r"^[A-Za-z0-9_]{1,64}$", session_id or ""):
             raise ApiError(404, "no such session")

@@ -57,7 +57,7 @@ from storage import Database, dialect_of, fetch_all, serialize_tx
 from memory.episodes.keywords import extract_keywords
 from memory.episodes.store import prepare_chunks, summary_terms, write_chunks
 from memory.text.tokenizer import is_warm, warm_up
-from memory.sessions.store import make_title
+from memory.sessions.records import make_title
 from memory.sessions.speaker import label as speaker_label
 
 ERASED_PAYLOAD = '{"erased": true}'

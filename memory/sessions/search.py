@@ -26,7 +26,7 @@ DEFAULT_AVG_TOKENS = 60.0
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    session: Any              # memory.sessions.store.SessionInfo
+    session: Any              # memory.sessions.records.SessionInfo
     snippet: str              # the best matching message (or the title) around the match
     score: float              # relevance of the best match, higher is better (fts: -bm25; like:
                               # bm25 without the IDF); comparable within one result list

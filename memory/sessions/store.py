@@ -16,12 +16,10 @@ message in (table ``conversation_members``, kept by a trigger on ``messages``). 
 group, pass ``conv_key`` to ``search``/``list`` as well, so that a user's p2p history is
 never shown to the group.
 
-Resuming: a conversation may resume (a) any of its own sessions, provided the user took
-part in the conversation, or (b) in a p2p chat, a p2p session the same user started in
-another p2p conversation of theirs; such a session moves to the resuming conversation.
-Nothing else (never a group session into a p2p chat, never a p2p session into a group).
-
 Search: ``search`` (memory/sessions/search.py: the FTS5 trigram index and its LIKE fallback).
+
+Resolving and resuming: memory/sessions/resume.py; closing: memory/sessions/closing.py; the
+values it returns: memory/sessions/records.py.
 """
 
 from __future__ import annotations
@@ -31,144 +29,41 @@ import inspect
 import json
 import logging
 import random
-import re
 import sqlite3
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from storage import Database, DatabaseError, execute_last, fetch_all, serialize
-from memory.sessions.search import (  # noqa: F401  (re-exported: the search's public names)
-    MIN_FTS_CHARS,
-    SCAN_LIMIT,
-    SNIPPET_CHARS,
-    EmptyQuery,
-    SearchHit,
-    fts_phrase,
-    like_pattern,
-    make_snippet,
-    search_sessions,
+from memory.sessions.closing import _close_active_sync, _close_one_sync, _close_sync, _close_where_sync, _session_row
+from memory.sessions.records import (
+    _MESSAGE_COLS,
+    _MESSAGE_RETURNING,
+    _SESSION_COLS,
+    _SESSION_FIELDS,
+    AppendResult,
+    MessagesErased,
+    SessionInfo,
+    SessionNotFound,
+    StoredAnswer,
+    StoredMessage,
+    _message,
+    _session,
+    make_title,
 )
-from memory.scope import PRIVATE_CHAT_TYPES, Scope
+from memory.sessions.resume import _resolve_sync, _resume_sync
+from memory.sessions.search import SCAN_LIMIT, SearchHit, search_sessions
+from memory.scope import Scope
 from memory.working.turns import MAX_ID
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT = 6 * 3600
-TITLE_CHARS = 40
-MAX_CANDIDATES = 10        # candidates carried by AmbiguousSession
 _TAIL_ATTEMPTS = 16        # tries for a session id whose 4-hex tail no other session has
 _ID_ATTEMPTS = 256
-_REF_RE = re.compile(r"^[a-z0-9_]+$")
 
 CloseListener = Callable[["SessionInfo"], "Awaitable[None] | None"]
 
 
-# -- values ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    id: str
-    title: str
-    model: str
-    conv_key: str
-    chat_id: str
-    thread_id: str
-    chat_type: str
-    owner_id: str
-    created_at: float
-    updated_at: float
-    closed_at: float | None
-    message_count: int
-    user_turns: int
-
-    @property
-    def is_open(self) -> bool:
-        return self.closed_at is None
-
-    @property
-    def tail(self) -> str:
-        """The short id users type (`/resume d139`)."""
-        return self.id[-4:]
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    id: int
-    session_id: str
-    role: str                 # user | assistant
-    content: str
-    tool_calls: Any | None    # parsed JSON, as given to append_assistant
-    tool_call_id: str | None
-    sender_id: str
-    sender_name: str
-    lark_message_id: str | None
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    session: SessionInfo
-    message: StoredMessage
-    created: bool             # the session was started by this message
-    duplicate: bool           # lark_message_id was already stored; nothing was written
-    closed: SessionInfo | None  # the idle session closed on the way (already notified)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredAnswer:
-    """How a message stored earlier stands (``answer_of``): a redelivered message is answered
-    from this, never by asking the model a second time.
-
-    An answer covers every user message between the answer before it and itself: a turn
-    reads the unanswered messages before its own (a turn that failed after storing its
-    message, answered later) merged with it, so one answer can answer several messages."""
-
-    answer: StoredMessage | None    # the answer that covered the message, if there is one yet
-    own: bool                       # it replied to this message: replay it (same uuid)
-    # No answer yet: the user messages stored after this one (their turns failed too); an
-    # answer to this message reads them as well, so it covers them.
-    later: tuple[StoredMessage, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class MessagesErased:
-    messages: int             # messages removed (the user's, and the replies to them)
-    sessions: int             # sessions removed because no user message was left
-
-
-# -- errors ------------------------------------------------------------------------------
-class SessionNotFound(LookupError):
-    def __init__(self, ref: str, detail: str = "") -> None:
-        self.ref = ref
-        super().__init__(detail or f"no session matches {ref!r}")
-
-
-class AmbiguousSession(LookupError):
-    def __init__(self, ref: str, candidates: Sequence[SessionInfo], total: int | None = None) -> None:
-        self.ref = ref
-        self.candidates = list(candidates)
-        self.total = total if total is not None else len(self.candidates)
-        ids = ", ".join(c.id for c in self.candidates)
-        more = f" and {self.total - len(self.candidates)} more" if self.total > len(self.candidates) else ""
-        super().__init__(f"{ref!r} matches {self.total} sessions: {ids}{more}; type more of the id")
-
-
-# -- helpers -----------------------------------------------------------------------------
-def make_title(content: str) -> str:
-    """The first 40 characters of the first user message, whitespace collapsed."""
-    return " ".join(content.split())[:TITLE_CHARS]
-
-
-_SESSION_COLS = (
-    "s.id, s.title, s.model, s.conv_key, s.chat_id, s.thread_id, s.chat_type, s.owner_id, "
-    "s.created_at, s.updated_at, s.closed_at, s.message_count, s.user_turns"
-)
-_MESSAGE_COLS = (
-    "m.id, m.session_id, m.role, m.content, m.tool_calls, m.tool_call_id, m.sender_id, "
-    "m.sender_name, m.lark_message_id, m.created_at"
-)
-_MESSAGE_RETURNING = _MESSAGE_COLS.replace("m.", "")     # the same columns, as INSERT … RETURNING names them
-_SESSION_FIELDS = [c.strip()[2:] for c in _SESSION_COLS.split(",")]
 # append_user's first statement: the conversation's open active session (NULLs when none) and
 # whether the Lark message is stored already (dup_id), in one round trip.
 _ACTIVE_OR_DUPLICATE_SQL = (
@@ -186,50 +81,6 @@ _POINT_CONVERSATION_SQL = (
     + ", ".join(f"(SELECT s.{c} FROM sessions s WHERE s.id = ?) AS {c}" for c in _SESSION_FIELDS)
 )
 _MEMBER_SQL = "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?)"
-
-
-def _session(row: Any) -> SessionInfo:
-    return SessionInfo(
-        id=row["id"], title=row["title"], model=row["model"], conv_key=row["conv_key"],
-        chat_id=row["chat_id"], thread_id=row["thread_id"], chat_type=row["chat_type"],
-        owner_id=row["owner_id"], created_at=row["created_at"], updated_at=row["updated_at"],
-        closed_at=row["closed_at"], message_count=row["message_count"], user_turns=row["user_turns"],
-    )
-
-
-def _message(row: Any) -> StoredMessage:
-    tool_calls = row["tool_calls"]
-    return StoredMessage(
-        id=row["id"], session_id=row["session_id"], role=row["role"], content=row["content"],
-        tool_calls=json.loads(tool_calls) if tool_calls is not None else None,
-        tool_call_id=row["tool_call_id"], sender_id=row["sender_id"],
-        sender_name=row["sender_name"], lark_message_id=row["lark_message_id"],
-        created_at=row["created_at"],
-    )
-
-
-# Plain functions run in the SQLite thread by Database.read/write (one round trip each).
-def _session_row(conn: sqlite3.Connection, session_id: str) -> Any:
-    return conn.execute(f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (session_id,)).fetchone()
-
-
-def _active_sync(conn: sqlite3.Connection, conv_key: str) -> SessionInfo | None:
-    row = conn.execute(
-        f"SELECT {_SESSION_COLS} FROM conversations c JOIN sessions s ON s.id = c.active_session_id "
-        "WHERE c.conv_key = ? AND s.closed_at IS NULL",
-        (conv_key,),
-    ).fetchone()
-    return _session(row) if row else None
-
-
-def _close_sync(conn: sqlite3.Connection, session: SessionInfo, now: float) -> SessionInfo:
-    serialize(conn, "conversation", session.conv_key)   # against an append choosing this session
-    conn.execute("UPDATE sessions SET closed_at = ? WHERE id = ?", (now, session.id))
-    conn.execute(
-        "UPDATE conversations SET active_session_id = NULL, updated_at = ? WHERE active_session_id = ?",
-        (now, session.id),
-    )
-    return _session(_session_row(conn, session.id))
 
 
 def _append_assistant_sync(
@@ -257,29 +108,6 @@ def _append_assistant_sync(
                            f" WHERE dedup_key IN ({marks}) AND status = 'pending'",
                      (f"answered with {reply_to or ''}"[:500], now, *(f"msg:{m}" for m in together)))
     return _message(row)
-
-
-def _close_one_sync(conn: sqlite3.Connection, session_id: str, now: float) -> SessionInfo | None:
-    row = _session_row(conn, session_id)
-    if row is None:
-        raise SessionNotFound(session_id)
-    session = _session(row)
-    return _close_sync(conn, session, now) if session.is_open else None
-
-
-def _close_active_sync(conn: sqlite3.Connection, conv_key: str, now: float) -> SessionInfo | None:
-    current = _active_sync(conn, conv_key)
-    return _close_sync(conn, current, now) if current is not None else None
-
-
-def _close_where_sync(
-    conn: sqlite3.Connection, where: str, params: Sequence[Any], now: float
-) -> builtins.list[SessionInfo]:
-    rows = conn.execute(
-        f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.closed_at IS NULL AND {where} ORDER BY s.updated_at",
-        params,
-    ).fetchall()
-    return [_close_sync(conn, _session(r), now) for r in rows]
 
 
 class SessionStore:
@@ -602,55 +430,7 @@ class SessionStore:
         """A session by full id, unique tail (``d139``) or ``last`` (the most recently
         active session the user can see). Raises SessionNotFound / AmbiguousSession."""
         where, params = self._filters(None, user_id)
-        return await self.db.read(self._resolve_sync, ref, where, params)
-
-    @staticmethod
-    def _resolve_sync(
-        conn: sqlite3.Connection, ref: str, where: str, params: Sequence[Any],
-        exclude: str | None = None,
-    ) -> SessionInfo:
-        norm = (ref or "").strip().lower()
-        if not norm:
-            raise SessionNotFound(ref, "which session? give an id, its last characters, or 'last'")
-        params = list(params)
-        if exclude is not None:
-            where += " AND s.id <> ?"
-            params.append(exclude)
-        if norm == "last":
-            row = conn.execute(
-                f"SELECT {_SESSION_COLS} FROM sessions s WHERE {where} "
-                "ORDER BY s.updated_at DESC, s.id DESC LIMIT 1", params,
-            ).fetchone()
-            if row is None:
-                raise SessionNotFound(ref, "no earlier session to resume")
-            return _session(row)
-        if not _REF_RE.match(norm):
-            raise SessionNotFound(ref)
-        row = conn.execute(
-            f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ? AND {where}", [norm, *params]).fetchone()
-        if row is not None:
-            return _session(row)
-        suffix = like_pattern(norm)[:-1]   # '%tail': ends with the ref
-        if len(norm) >= 4:
-            tail_sql = "substr(s.id, -4) = ? AND s.id LIKE ? ESCAPE '\\'"
-            tail_params: list[Any] = [norm[-4:], suffix]
-        else:
-            tail_sql, tail_params = "s.id LIKE ? ESCAPE '\\'", [suffix]
-        rows = conn.execute(
-            f"SELECT {_SESSION_COLS} FROM sessions s WHERE {tail_sql} AND {where} "
-            "ORDER BY s.updated_at DESC, s.id DESC LIMIT ?", [*tail_params, *params, MAX_CANDIDATES + 1],
-        ).fetchall()
-        if not rows:
-            raise SessionNotFound(ref)
-        if len(rows) == 1:
-            return _session(rows[0])
-        total = len(rows)
-        if total > MAX_CANDIDATES:
-            count = conn.execute(
-                f"SELECT COUNT(*) FROM sessions s WHERE {tail_sql} AND {where}", [*tail_params, *params]
-            ).fetchone()
-            total = count[0]
-        raise AmbiguousSession(ref, [_session(r) for r in rows[:MAX_CANDIDATES]], total)
+        return await self.db.read(_resolve_sync, ref, where, params)
 
     async def resume(self, conv_key: str, ref: str, *, user_id: str | None) -> SessionInfo:
         """Make a session the conversation's active one: close the current active session
@@ -683,54 +463,3 @@ class SessionStore:
         return await search_sessions(self.db, query, where=where, params=params, limit=limit, method=method,
                                      scan_limit=self.scan_limit, session_cols=_SESSION_COLS,
                                      to_session=_session)
-
-
-def _resume_sync(conn: sqlite3.Connection, conv_key: str, ref: str, user_id: str | None,
-                 now: float) -> tuple[SessionInfo, SessionInfo | None]:
-    """SessionStore.resume in the SQLite thread: (the resumed session, the one it closed)."""
-    serialize(conn, "conversation", conv_key)
-    conv = conn.execute("SELECT * FROM conversations WHERE conv_key = ?", (conv_key,)).fetchone()
-    current = _active_sync(conn, conv_key)
-    clauses: list[str] = []
-    params: list[Any] = []
-    same_ok = user_id is None or conn.execute(
-        "SELECT 1 FROM conversation_members WHERE user_id = ? AND conv_key = ?", (user_id, conv_key)
-    ).fetchone() is not None
-    if same_ok:
-        clauses.append("s.conv_key = ?")
-        params.append(conv_key)
-    cross_ok = (
-        user_id is not None and conv is not None and conv["chat_type"] in PRIVATE_CHAT_TYPES
-        and conn.execute(
-            "SELECT 1 FROM conversation_members WHERE conv_key = ? AND user_id <> ? LIMIT 1", (conv_key, user_id)
-        ).fetchone() is None
-    )
-    if cross_ok:
-        clauses.append(
-            "(s.chat_type = ? AND s.owner_id = ? AND "
-            "s.conv_key IN (SELECT conv_key FROM conversation_members WHERE user_id = ?))"
-        )
-        params += [conv["chat_type"], user_id, user_id]
-    where = "(" + " OR ".join(clauses) + ")" if clauses else "0"
-    exclude = current.id if current is not None and (ref or "").strip().lower() == "last" else None
-    target = SessionStore._resolve_sync(conn, ref, where, params, exclude)
-    if current is not None and current.id == target.id:
-        return current, None
-    closed = _close_sync(conn, current, now) if current is not None else None
-    if target.conv_key != conv_key:   # the user's own p2p session moving into this p2p chat
-        conn.execute(
-            "UPDATE conversations SET active_session_id = NULL WHERE active_session_id = ?", (target.id,)
-        )
-        conn.execute(
-            "UPDATE sessions SET conv_key = ?, chat_id = ?, thread_id = ?, chat_type = ? WHERE id = ?",
-            (conv_key, conv["chat_id"], conv["thread_id"], conv["chat_type"], target.id),
-        )
-    conn.execute("UPDATE sessions SET closed_at = NULL, updated_at = ? WHERE id = ?", (now, target.id))
-    conn.execute(
-        "INSERT INTO conversations(conv_key, chat_id, thread_id, chat_type, active_session_id, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(conv_key) DO UPDATE SET "
-        "active_session_id = excluded.active_session_id, updated_at = excluded.updated_at",
-        (conv_key, target.chat_id, target.thread_id, target.chat_type, target.id, now),
-    )
-    resumed = _session(conn.execute(f"SELECT {_SESSION_COLS} FROM sessions s WHERE s.id = ?", (target.id,)).fetchone())
-    return resumed, closed

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from memory.facts.confidence import initial_confidence
+from memory.facts.matching import relation
 from memory.facts.store import (
     MAX_CONTENT_CHARS,
     FactStore,
-    initial_confidence,
-    relation,
     top_query,
     touch_top_query,
 )

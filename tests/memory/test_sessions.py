@@ -15,17 +15,9 @@ from tests.faults import fail_inserts, read_elsewhere, restore_inserts
 from storage import Database, DatabaseError, database
 from storage.sqlite import SqliteDatabase
 from memory.scope import Scope
-from memory.sessions.store import (
-    AmbiguousSession,
-    EmptyQuery,
-    SessionNotFound,
-    SessionStore,
-    StoredAnswer,
-    fts_phrase,
-    like_pattern,
-    make_snippet,
-    make_title,
-)
+from memory.sessions.records import AmbiguousSession, SessionNotFound, StoredAnswer, make_title
+from memory.sessions.search import EmptyQuery, fts_phrase, like_pattern, make_snippet
+from memory.sessions.store import SessionStore
 
 T0 = 1_781_000_000.0   # a fixed "now" (2026-06)
 HOUR = 3600.0

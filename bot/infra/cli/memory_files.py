@@ -39,7 +39,8 @@ async def _memory_export(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _memory_import(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.governance.export import ImportRefused, import_user
+    from memory.governance.export_format import ImportRefused
+    from memory.governance.import_ import import_user
 
     user = _user(args.user)
     directory = Path(args.dir).expanduser()

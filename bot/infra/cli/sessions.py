@@ -32,7 +32,7 @@ def _pad(text: str, width: int) -> str:
 
 
 async def _resolve(store: Any, ref: str, user: str | None):
-    from memory.sessions.store import AmbiguousSession, SessionNotFound
+    from memory.sessions.records import AmbiguousSession, SessionNotFound
 
     try:
         return await store.resolve(ref, user_id=user)
