@@ -24,7 +24,7 @@ from aiohttp import web
 
 from bot.agent.agent import Agent, Memory
 from bot.llm import Models, UsageBook, build_models
-from bot.commands import CommandDeps, Commands, RuntimeStats
+from bot.commands.memory import CommandDeps, Commands, RuntimeStats
 from bot.infra.config import Settings
 from bot.delivery.direct import Conversations
 from bot.delivery.dispatcher import Dispatcher
