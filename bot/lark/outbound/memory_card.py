@@ -5,7 +5,7 @@ learned and Forget / Correct buttons, governed by the user in the chat (issue 31
 click's outcome replaces it for everyone who sees it). Each button's value names the item and
 the card's owner: ``{"ethan": "memory", "op": …, "kind": …, "id": …, "user": owner,
 "chat_type": …}`` — a claim only: the card ledger (memory/sessions/chat_events.py, recorded once Lark took
-the card) decides the owner and the chat type. Only the owner's click acts (bot/memory_clicks.py,
+the card) decides the owner and the chat type. Only the owner's click acts (bot/commands/memory_clicks.py,
 via bot/core/lifecycle.py); another user's click, a card the ledger does not know, or a value that
 disagrees with it changes nothing (refused at intake with a toast, bot/lark/card_clicks.py).
 The buttons run the typed commands
