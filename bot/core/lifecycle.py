@@ -118,7 +118,7 @@ class ChatActions(Protocol):
 
     async def show_memory_card(self, card_message_id: str, view: Any, *, chat_type: str, notice: str = "",
                                editing: Any = None) -> None:
-        """Redraw a /memory card: the list (``view``: bot.commands.MemoryView) with ``notice`` on
+        """Redraw a /memory card: the list (``view``: bot.commands.memory.MemoryView) with ``notice`` on
         top, or the item ``editing`` in its edit form."""
 
 
