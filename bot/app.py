@@ -24,7 +24,8 @@ from aiohttp import web
 
 from bot.agent.agent import Agent, Memory
 from bot.llm import Models, UsageBook, build_models
-from bot.commands import CommandDeps, Commands, RuntimeStats
+from bot.commands.context import CommandDeps, RuntimeStats
+from bot.commands.dispatcher import Commands
 from bot.infra.config import Settings
 from bot.delivery.direct import Conversations
 from bot.delivery.dispatcher import Dispatcher

@@ -395,7 +395,7 @@ def test_chat_in_process_with_the_configured_user_and_new(home, capsys, monkeypa
     assert main(["chat"]) == 0
     captured = capsys.readouterr()
     assert captured.out.count("[offline]") == 3
-    assert "已结束会话" in captured.out                                  # /new answered by bot/commands.py
+    assert "已结束会话" in captured.out                                  # /new answered by bot/commands/sessions.py
     db = home / "ethan.db"
     sessions = db_rows(db, "SELECT id, chat_id, user_turns, closed_at FROM sessions ORDER BY created_at, id")
     assert [(s["chat_id"], s["user_turns"]) for s in sessions] == [("oc_cli_ou_alice", 2), ("oc_cli_ou_alice", 1)]

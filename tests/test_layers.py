@@ -24,7 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TRANSPORT_NEUTRAL = ["bot/core/handler.py", "bot/core/lifecycle.py", "bot/commands.py", "bot/core/inbound.py", "bot/core/reply.py", "bot/delivery/direct.py",
+TRANSPORT_NEUTRAL = ["bot/core/handler.py", "bot/core/lifecycle.py",
+                     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bot" / "commands").glob("*.py")),
+                     "bot/core/inbound.py", "bot/core/reply.py", "bot/delivery/direct.py",
                      "bot/core/text.py", "bot/infra/terminal.py", "bot/web/playground.py", "bot/web/chat.py",
                      "bot/web/api.py", "bot/web/data.py"]
 

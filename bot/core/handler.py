@@ -32,7 +32,8 @@ from bot.agent.agent import Agent, AgentResult, UserTurn
 from bot.agent.prompt import with_material
 from bot.media.attachments import AttachmentError, Fetch, prepare, refusal
 from bot.core.lifecycle import Lifecycle
-from bot.commands import Confirmation, MemoryView
+from bot.commands.context import Confirmation
+from bot.commands.memory import MemoryView
 from bot.core.inbound import Inbound, NotAMessage
 from bot.core.inflight import InFlight
 from bot.media.stt import Transcriber

@@ -20,7 +20,7 @@ The decisions:
 * ``P2pOpened`` — a user opening the bot's direct chat is greeted the first time only.
 * ``ButtonClicked`` — a click on a destructive command's confirm/cancel card: only the user who
   asked may decide, a card is decided once, a confirmation runs the command as that user; a
-  click on the /memory card's Forget / Correct: only its owner acts (bot/memory_clicks.py).
+  click on the /memory card's Forget / Correct: only its owner acts (bot/commands/memory_clicks.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from bot.core.inbound import Inbound
 from bot.infra.log import get_logger
-from bot.memory_clicks import MEMORY, REFUSALS as MEMORY_REFUSALS, memory_clicked
+from bot.commands.memory_clicks import MEMORY, REFUSALS as MEMORY_REFUSALS, memory_clicked
 from bot.core.reply import DeliveryError
 from memory.governance import audit
 from memory.sessions import chat_events
@@ -93,7 +93,7 @@ class ButtonClicked:
     asked_by: str = ""          # the user the card was sent to (the only one who may decide)
     command: str = ""           # the command a confirmation runs
     chat_type: str = "p2p"
-    # the /memory card's buttons (button "memory", bot/memory_clicks.py): forget | correct |
+    # the /memory card's buttons (button "memory", bot/commands/memory_clicks.py): forget | correct |
     # save | back, the item, and the text a Save submits
     op: str = ""
     item_kind: str = ""
@@ -118,7 +118,7 @@ class ChatActions(Protocol):
 
     async def show_memory_card(self, card_message_id: str, view: Any, *, chat_type: str, notice: str = "",
                                editing: Any = None) -> None:
-        """Redraw a /memory card: the list (``view``: bot.commands.MemoryView) with ``notice`` on
+        """Redraw a /memory card: the list (``view``: bot.commands.memory.MemoryView) with ``notice`` on
         top, or the item ``editing`` in its edit form."""
 
 
@@ -209,7 +209,7 @@ class Lifecycle:
     # -- buttons ----------------------------------------------------------------------------
     async def clicked(self, item: Any, ev: ButtonClicked, bound: Any) -> None:
         card_mid, clicker = ev.card_message_id, ev.clicker
-        if ev.button == MEMORY and card_mid:                # the /memory card (bot/memory_clicks.py)
+        if ev.button == MEMORY and card_mid:                # the /memory card (bot/commands/memory_clicks.py)
             note = await memory_clicked(self.d, item, ev, bound)
             await self.d.finish(item.id, "ignored" if note in MEMORY_REFUSALS else "done", note)
             return

@@ -5,7 +5,7 @@ The terminal chat starts an ``EthanApp`` in this process with the Lark transport
 where the built-in offline model is served when no model is configured). Each
 line the user types becomes a neutral ``Inbound`` (bot/core/inbound.py) in a p2p chat of its own
 (``oc_cli_<user>``), handed to ``app.conversations.ask`` with this line's ``TerminalReply``:
-dispatcher, handler, slash commands (bot/commands.py), agent and memory are exactly Lark's;
+dispatcher, handler, slash commands (bot/commands/), agent and memory are exactly Lark's;
 no Lark event is made up and nothing goes to Lark's inbox.
 
 Leaving (``/exit``, ``/quit``, end of input, Ctrl-C) closes the session — the app's close

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bot import memory_clicks
+from bot.commands import memory_clicks
 from bot.lark.outbound.cards import confirm_outcome_card, expired_card
 from bot.infra.log import get_logger
 from memory.governance import audit
@@ -40,7 +40,7 @@ TOASTS = {
     # a tool-confirm card (bot/tools/confirm.py)
     "tool decided": ("success", "收到。", "Got it."),
     "tool unknown": ("info", "已经处理过了，或已过期。", "Already done, or expired."),
-    # the /memory card (bot/lark/outbound/memory_card.py; decided in bot/memory_clicks.py)
+    # the /memory card (bot/lark/outbound/memory_card.py; decided in bot/commands/memory_clicks.py)
     "memory owner only": ("warning", "只有这张卡片的主人可以操作，什么都没改。", "Only the card's owner can do that — nothing changed."),
     "memory on it": ("info", "好的，正在处理。", "OK — on it."),
     "memory not ours": ("warning", "这张卡片与我发出的记忆卡片不符，什么都没改。请重新发送 /memory。",
@@ -123,7 +123,7 @@ class CardClicks:
         ``memory_card``), not the value: a card Ethan did not send, another user's click, or a
         value that disagrees with the ledger (``p2p`` on a group's card) is refused here (a
         toast, the row finished: it changes nothing); the owner's goes on to the mailbox
-        (bot/memory_clicks.py)."""
+        (bot/commands/memory_clicks.py)."""
         clicker, card_mid = ev.operator.open_id, ev.context.open_message_id
         card = await chat_events.memory_card(self.db, card_mid)
         # the value as bot/lark/events.py reads it into the ButtonClicked the mailbox gets

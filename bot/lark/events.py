@@ -251,7 +251,7 @@ def _clicked(ev: CardActionEvent, h: Header, _bot: str) -> core.ButtonClicked:
     # (bot/lark/outbound/cards.py); any other value is a button the core does not decide.
     # The /memory card's buttons carry {"ethan": "memory", "op", "kind", "id", "user", "chat_type"};
     # its Save submits the form's input as action.form_value["text"] (bot/lark/outbound/memory_card.py).
-    # "user" and "chat_type" are what the click claims: the card ledger decides (bot/memory_clicks.py).
+    # "user" and "chat_type" are what the click claims: the card ledger decides (bot/commands/memory_clicks.py).
     value = ev.action.value or {}
     try:
         item_id = int(value.get("id", -1))

@@ -23,7 +23,7 @@ stored twice. The same key with another body is refused (422). See bot/delivery/
 
 The token holder is an operator speaking for ``user_id``: admin commands only when that user is
 in ETHAN_ADMINS and ``as_admin`` is true (403 when it is not an admin); commands are audited
-with channel ``/chat`` (bot/commands.py).
+with channel ``/chat`` (bot/commands/dispatcher.py).
 
 Access is the console's (``ETHAN_CONSOLE_TOKEN``, bot/web/auth.py); errors are JSON
 ``{"error": …}``: 400 bad JSON or fields (with the reason), 401/403 access, 422 key reused,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from bot.commands import MemoryItem, MemoryView
+from bot.commands.memory import MemoryItem, MemoryView
 from bot.lark.outbound.memory_card import memory_card
 
 

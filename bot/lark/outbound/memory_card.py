@@ -1,15 +1,15 @@
 """The /memory card: what Ethan knows about the user, each item with where and when it was
 learned and Forget / Correct buttons, governed by the user in the chat (issue 31 ★).
 
-``memory_card(view)`` renders a ``bot.commands.MemoryView`` (JSON 2.0, ``update_multi`` so the
+``memory_card(view)`` renders a ``bot.commands.memory.MemoryView`` (JSON 2.0, ``update_multi`` so the
 click's outcome replaces it for everyone who sees it). Each button's value names the item and
 the card's owner: ``{"ethan": "memory", "op": …, "kind": …, "id": …, "user": owner,
 "chat_type": …}`` — a claim only: the card ledger (memory/sessions/chat_events.py, recorded once Lark took
-the card) decides the owner and the chat type. Only the owner's click acts (bot/memory_clicks.py,
+the card) decides the owner and the chat type. Only the owner's click acts (bot/commands/memory_clicks.py,
 via bot/core/lifecycle.py); another user's click, a card the ledger does not know, or a value that
 disagrees with it changes nothing (refused at intake with a toast, bot/lark/card_clicks.py).
 The buttons run the typed commands
-(``bot.commands.forget_command`` / ``correct_command``) — the same code path as ``/forget`` and
+(``bot.commands.memory.forget_command`` / ``correct_command``) — the same code path as ``/forget`` and
 ``/correct`` typed in the chat — so the console and the terminal, which get the text, keep
 working without cards.
 
@@ -53,7 +53,7 @@ def _md(text: str) -> str:
 
 
 def memory_card(view: Any, *, chat_type: str, notice: str = "") -> dict[str, Any]:
-    """The list with a Forget and a Correct button per item (``view``: bot.commands.MemoryView)."""
+    """The list with a Forget and a Correct button per item (``view``: bot.commands.memory.MemoryView)."""
     zh = view.zh
     title = "我记住的关于你 / What I know about you" if zh else "What I know about you"
     elements: list[dict[str, Any]] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.commands import MemoryView, correct_command, forget_command
+from bot.commands.memory import MemoryView, correct_command, forget_command
 from bot.core.inbound import Inbound
 from memory.governance import audit
 from memory.sessions import chat_events
