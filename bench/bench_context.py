@@ -278,7 +278,7 @@ async def _run(quick: bool) -> list[str]:
 
                 def assemble(message: str):
                     async def go() -> None:
-                        mode = await memory.profile.modes.get(scope.user_id, scope.conv_key)
+                        mode = await memory.modes.get(scope.user_id, scope.conv_key)
                         blocks = await agent.gather(scope, message, session_id=sid, mode=mode)
                         build_system(blocks, today=today)
                         await working.build_context(sid, message, before_message_id=current)
@@ -288,7 +288,7 @@ async def _run(quick: bool) -> list[str]:
                 assert check.path == "full" and check.facts and check.profile and check.rules, check
                 medium = await _time(assemble(MEDIUM_TEXT), reps, budget)
                 full = await _time(assemble(FULL_TEXT), reps, budget)
-                top = await _time(lambda: memory.facts.store.top(scope, k=15), reps, budget / 2)
+                top = await _time(lambda: memory.facts.top(scope, k=15), reps, budget / 2)
                 jpath = home / f"facts-{n}.json"
                 _facts_json(jpath, user, n, SEED + n, text)
                 spec = _time_sync(lambda: spec_top(jpath), reps, budget)

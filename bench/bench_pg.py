@@ -102,7 +102,7 @@ async def _assembly(target: str, n_facts: int, reps: int, budget: float) -> dict
 
         def assemble(message: str):
             async def go() -> None:
-                mode = await memory.profile.modes.get(scope.user_id, scope.conv_key)
+                mode = await memory.modes.get(scope.user_id, scope.conv_key)
                 blocks = await agent.gather(scope, message, session_id=sid, mode=mode)
                 build_system(blocks, today=today)
                 await working.build_context(sid, message, before_message_id=current)
@@ -110,17 +110,17 @@ async def _assembly(target: str, n_facts: int, reps: int, budget: float) -> dict
 
         async def without_recall() -> None:
             # Agent.gather's reads but episode recall, then the same prompt and context
-            mode = await memory.profile.modes.get(scope.user_id, scope.conv_key)
+            mode = await memory.modes.get(scope.user_id, scope.conv_key)
             await memory.procedures.for_request(scope)
-            await memory.profile.store.for_prompt(scope)
-            await memory.facts.store.top(scope, k=15)
+            await memory.profile.for_prompt(scope)
+            await memory.facts.top(scope, k=15)
             await working.view(sid)
             await working.build_context(sid, MEDIUM_TEXT, before_message_id=current)
             del mode
 
         out: dict[str, Any] = {}
         out["no_recall"] = median(await _time(without_recall, reps, budget)) * 1000
-        out["top"] = median(await _time(lambda: memory.facts.store.top(scope, k=15), reps, budget / 2)) * 1000
+        out["top"] = median(await _time(lambda: memory.facts.top(scope, k=15), reps, budget / 2)) * 1000
         for name, message in (("medium", MEDIUM_TEXT), ("full", FULL_TEXT)):
             try:    # both paths recall episodes: not every backend searches them yet
                 out[name] = median(await _time(assemble(message), reps, budget)) * 1000
