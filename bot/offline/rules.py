@@ -1,10 +1,10 @@
-"""The built-in offline model: the Anthropic Messages API, served on our own aiohttp server.
+"""What the built-in offline model answers: deterministic rules, no model.
 
-Without ``ANTHROPIC_API_KEY`` the app points its ``anthropic.AsyncAnthropic`` client at
-``<server>{prefix}`` (``POST {prefix}/v1/messages``), so the console and the terminal chat
-go through exactly the same agent code — tool loop, memory tools, consolidation — as with
-Claude. Answers are deterministic (same request, same answer) and every chat answer starts
-with ``[offline] ``.
+Answers are deterministic (same request, same answer) and every chat answer starts with
+``[offline] ``. The Messages API server that serves them is ``bot/offline/server.py``; reading
+the request (content blocks, the system prompt's sections, the user's own words) is
+``bot/offline/prompt.py``. Apart from the wire so the rules can be read, changed and tested
+without HTTP.
 
 What it does (in this order):
 
@@ -33,128 +33,24 @@ Tools are only called when the request offers them. Any odd input (system as a s
 list of blocks, content as a string or blocks, unknown block types, missing fields) gets an
 answer; an internal error becomes a short text answer, never a 500. Only a body that is not a
 JSON object gets the API's 400 ``invalid_request_error``.
-
-Streaming (``"stream": true``) sends the event sequence the SDK parses: ``message_start``,
-then ``ping``, then per block ``content_block_start`` / ``content_block_delta`` (``text_delta`` or
-``input_json_delta``) / ``content_block_stop``, then ``message_delta`` (stop_reason, usage)
-and ``message_stop``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 import re
-from typing import Any, Iterator
+from typing import Any
 
-from aiohttp import web
-
-from bot.infra.log import get_logger
 from bot.core.text import is_chinese
-
-log = get_logger("ethan.offline")
+from bot.offline.prompt import (_blocks, _clip, _label_split, _last_user_text, _text_of, _tool_names,
+                                _volatile_context, first_sentence, memory_episodes, memory_facts,
+                                memory_rules, profile_name, system_text)
 
 MARK = "[offline] "
-MODEL_NAME = "ethan-offline"
 SUMMARY_TOOL = "write_summary"
 EXTRACT_TOOL = "extract_memories"
 MAX_SUMMARY_CHARS = 600
-MAX_LINE_CHARS = 80
-TEXT_CHUNK = 16          # characters per text_delta when streaming
-JSON_CHUNK = 24          # characters per input_json_delta when streaming
-
-
-
-# --------------------------------------------------------------------------------------
-# Reading the request
-# --------------------------------------------------------------------------------------
-
-def _text_of(content: Any) -> str:
-    """The text of a message's content (a string, or a list of blocks)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
-                parts.append(block["text"])
-        return "\n".join(parts)
-    return ""
-
-
-def _blocks(content: Any, kind: str) -> list[dict]:
-    if not isinstance(content, list):
-        return []
-    return [b for b in content if isinstance(b, dict) and b.get("type") == kind]
-
-
-def system_text(system: Any) -> str:
-    return _text_of(system) if not isinstance(system, dict) else _text_of([system])
-
-
-def _section(system: str, tag: str) -> list[str]:
-    """The lines inside ``<tag>…</tag>`` (stored text is escaped, so it cannot close the tag)."""
-    m = re.search(rf"<{tag}>\n?(.*?)\n?</{tag}>", system, re.DOTALL)
-    if not m:
-        return []
-    return [line for line in m.group(1).splitlines() if line.strip()]
-
-
-_FACT_LINE = re.compile(r"^-\s*\[(\w+)\]\s*(.*?)(?:\s*\(confidence [\d.]+\))?\s*$")
-
-
-def memory_facts(system: str) -> list[str]:
-    out = []
-    for line in _section(system, "memory_context"):
-        m = _FACT_LINE.match(line)
-        out.append(html.unescape(m.group(2) if m else line.lstrip("- ")))
-    return [f for f in out if f]
-
-
-def memory_rules(system: str) -> list[str]:
-    return [html.unescape(line.strip().removeprefix("- ").strip()) for line in _section(system, "behavioral_guidelines")]
-
-
-def profile_name(system: str) -> str:
-    for line in _section(system, "user_profile"):
-        m = re.search(r"(?:名字|姓名|称呼|name)\s*[:：是]\s*([^\s，。,;；]{1,30})", html.unescape(line), re.I)
-        if m:
-            return m.group(1)
-    return ""
-
-
-def memory_episodes(system: str) -> list[str]:
-    out = []
-    for line in _section(system, "related_episodes"):
-        text = re.sub(r"\s*\(keywords: .*\)\s*$", "", line.strip().removeprefix("- "))
-        out.append(html.unescape(text))
-    return out
-
-
-def _label_split(text: str) -> tuple[str, str]:
-    """Group turns arrive as "[Name] text": (name, text)."""
-    m = re.match(r"^\[([^\]\n]{1,64})\]\s(.*)$", text, re.DOTALL)
-    return (m.group(1), m.group(2)) if m else ("", text)
-
-
-def _clip(text: str, limit: int = MAX_LINE_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-_SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=[.])\s")
-
-
-def first_sentence(text: str, limit: int = MAX_LINE_CHARS) -> str:
-    text = " ".join((text or "").split())
-    for part in _SENTENCE_END.split(text):
-        part = part.strip()
-        if part:
-            return _clip(part, limit)
-    return ""
 
 
 # --------------------------------------------------------------------------------------
@@ -396,10 +292,6 @@ _NAME = [
 ]
 
 
-def _tool_names(body: dict) -> set[str]:
-    return {t["name"] for t in body.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)}
-
-
 _ASKING = re.compile(
     r"[?？]\s*$|什么|哪|谁|几|多少|怎么|是否|是不是|有没有|[吗呢么嘛]\s*[。!！]?\s*$"
     r"|(?i:^\s*(?:what|who|whom|where|when|why|how|which|do|does|did|is|are|am|can|could|would|will|have|has)\b)")
@@ -528,31 +420,6 @@ def confirmation(messages: list[dict], lang: str) -> str:
 # One request → content blocks
 # --------------------------------------------------------------------------------------
 
-def _last_user_text(messages: list[dict]) -> str:
-    """The user's own words: the last text block of the last user message with text (context
-    that changes every message — recalled episodes, the date — rides in blocks before it)."""
-    for m in reversed(messages):
-        if isinstance(m, dict) and m.get("role") == "user":
-            content = m.get("content")
-            texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
-                     and isinstance(b.get("text"), str) and b["text"].strip()] if isinstance(content, list) else []
-            text = texts[-1] if texts else _text_of(content)
-            if text.strip():
-                return text
-    return ""
-
-
-def _volatile_context(messages: list[dict]) -> str:
-    """The context blocks in front of the user's words in the last user message."""
-    for m in reversed(messages):
-        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), list):
-            texts = [b.get("text", "") for b in m["content"] if isinstance(b, dict) and b.get("type") == "text"]
-            if len(texts) > 1:
-                return "\n\n".join(texts[:-1])
-            return ""
-    return ""
-
-
 def respond(body: dict) -> tuple[list[dict], str]:
     """(content blocks, stop_reason) for one Messages API request."""
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
@@ -588,102 +455,3 @@ def respond(body: dict) -> tuple[list[dict], str]:
     return [{"type": "text", "text": chat_answer(question, system, messages, speaker)}], "end_turn"
 
 
-def _estimate_tokens(value: Any) -> int:
-    return max(1, len(json.dumps(value, ensure_ascii=False, default=str)) // 4)
-
-
-def message(body: dict) -> dict[str, Any]:
-    try:
-        content, stop = respond(body)
-    except Exception as e:  # noqa: BLE001 — odd input gets an answer, never a 500
-        log.warning("offline.odd_input", error=f"{type(e).__name__}: {e}"[:200])
-        content, stop = [{"type": "text", "text": MARK + "抱歉，我没看懂这个请求。 / Sorry, I couldn't read that request."}], "end_turn"
-    digest = hashlib.sha256(json.dumps(content, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
-    model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else MODEL_NAME
-    return {
-        "id": f"msg_offline_{digest[:24]}",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": stop,
-        "stop_sequence": None,
-        "usage": {"input_tokens": _estimate_tokens(body.get("messages")) + _estimate_tokens(body.get("system")),
-                  "output_tokens": _estimate_tokens(content)},
-    }
-
-
-def _chunks(text: str, size: int) -> Iterator[str]:
-    for i in range(0, len(text), size):
-        yield text[i:i + size]
-
-
-def sse_events(msg: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The Messages API's streaming event sequence for a finished message."""
-    start = dict(msg, content=[], stop_reason=None, stop_sequence=None,
-                 usage={"input_tokens": msg["usage"]["input_tokens"], "output_tokens": 1})
-    yield "message_start", {"type": "message_start", "message": start}
-    yield "ping", {"type": "ping"}
-    for index, block in enumerate(msg["content"]):
-        if block["type"] == "text":
-            yield "content_block_start", {"type": "content_block_start", "index": index,
-                                          "content_block": {"type": "text", "text": ""}}
-            for piece in _chunks(block["text"], TEXT_CHUNK):
-                yield "content_block_delta", {"type": "content_block_delta", "index": index,
-                                              "delta": {"type": "text_delta", "text": piece}}
-        else:
-            yield "content_block_start", {"type": "content_block_start", "index": index,
-                                          "content_block": {"type": "tool_use", "id": block["id"],
-                                                            "name": block["name"], "input": {}}}
-            for piece in _chunks(json.dumps(block["input"], ensure_ascii=False), JSON_CHUNK):
-                yield "content_block_delta", {"type": "content_block_delta", "index": index,
-                                              "delta": {"type": "input_json_delta", "partial_json": piece}}
-        yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    yield "message_delta", {"type": "message_delta",
-                            "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": None},
-                            "usage": {"output_tokens": msg["usage"]["output_tokens"]}}
-    yield "message_stop", {"type": "message_stop"}
-
-
-# --------------------------------------------------------------------------------------
-# HTTP
-# --------------------------------------------------------------------------------------
-
-def _error(status: int, kind: str, text: str) -> web.Response:
-    return web.json_response({"type": "error", "error": {"type": kind, "message": text}}, status=status)
-
-
-def setup_offline_model(web_app: web.Application, prefix: str) -> None:
-    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
-
-    async def _body(request: web.Request) -> dict | None:
-        try:
-            body = json.loads(await request.read() or b"null")
-        except (ValueError, UnicodeDecodeError):
-            return None
-        return body if isinstance(body, dict) else None
-
-    async def messages(request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
-        if body is None:
-            return _error(400, "invalid_request_error", "the request body must be a JSON object")
-        msg = message(body)
-        headers = {"request-id": "req_" + msg["id"].removeprefix("msg_")}
-        if body.get("stream") is not True:
-            return web.json_response(msg, headers=headers, dumps=lambda v: json.dumps(v, ensure_ascii=False))
-        resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        for event, data in sse_events(msg):
-            await resp.write(f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode())
-        await resp.write_eof()
-        return resp
-
-    async def count_tokens(request: web.Request) -> web.Response:
-        body = await _body(request)
-        if body is None:
-            return _error(400, "invalid_request_error", "the request body must be a JSON object")
-        return web.json_response({"input_tokens": _estimate_tokens(body.get("messages")) + _estimate_tokens(body.get("system"))})
-
-    web_app.router.add_post(f"{prefix}/v1/messages", messages)
-    web_app.router.add_post(f"{prefix}/v1/messages/count_tokens", count_tokens)
