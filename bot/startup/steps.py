@@ -36,7 +36,7 @@ STEPS: tuple[Step, ...] = (
     Step("database", memory.open_database, memory.close_database),
     Step("memory stores", memory.open_memory_stores),
     Step("clients", None, models.close_clients),          # closes what "models", "lark client", "message path" made
-    Step("web server", web.start_web_server, web.close_web_server),
+    Step("web server", web.start_web_server, web.close_web_server),   # before "models": it serves the offline model
     Step("models", models.build_model_clients),          # closed by "clients"
     Step("consolidation", memory.start_consolidation, memory.flush_memory),
     Step("tools", agent.start_tools, agent.stop_tools),
