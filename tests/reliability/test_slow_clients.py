@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.app import HEADER_TIMEOUT_S
+from bot.startup.web import HEADER_TIMEOUT_S
 from bot.lark.transport.routes import BODY_READ_TIMEOUT_S
 from tests.harness import Harness
 
