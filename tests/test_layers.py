@@ -11,6 +11,11 @@ that breaks a seam fails here rather than in review.
 - The drivers (aiosqlite, psycopg, psycopg_pool) only in the engine package.
 - Nothing imports bot/app.py (the composition root) but the entry points.
 - No module cycle in the import graph of bot/, memory/ and storage/ (lazy imports included).
+- A capability's storage only through the port: outside storage/, only the composition root,
+  the CLI and the settings name an engine module (storage.sqlite, storage.postgres, schema).
+- The tree stays readable (issue 46): no folder holds more than 12 modules side by side, no
+  product module is over 600 lines, no function in bot/app.py is over 80 lines, and there is
+  one ``estimate_tokens``.
 
 Each rule is seen failing on a small tree that breaks it (``test_each_rule_sees_its_break``).
 """
@@ -60,6 +65,11 @@ DRIVERS = {"aiosqlite", "psycopg", "psycopg_pool", "asyncpg"}
 # Store modules outside memory/: the delivery spine's own stores (tests/test_storage_contract.py).
 BOT_STORES = ("bot/delivery/*_store.py",)
 ENTRY_POINTS = {"bot/infra/cli/serve.py", "bot/infra/terminal.py"}     # `ethan serve`, `ethan chat`: they start the app
+# Who may name an engine module rather than the port: they choose and open the engine.
+ENGINE_CHOOSERS = ("bot/app.py", "bot/infra/cli*", "bot/infra/config*")
+MAX_MODULES = 12          # modules side by side in one folder (__init__ and __main__ not counted)
+MAX_LINES = 600           # lines in one product module
+MAX_APP_FUNCTION = 80     # lines in one function of the composition root
 
 
 def product_files(root: Path = ROOT) -> list[Path]:
@@ -239,3 +249,93 @@ def test_each_rule_sees_its_break(tmp_path):
                                                     "memory/own.py": ["line 2: sqlite3.connect"]}
     assert app_importers(tmp_path) - ENTRY_POINTS == {"bot/status.py"}
     assert cycles(module_graph(tmp_path)) == [["bot.lark.events", "bot.lark.normalize"]]
+
+
+def engine_users(root: Path = ROOT) -> dict[str, list[str]]:
+    """Modules outside storage/ that name an engine module (not the port) and may not."""
+    from fnmatch import fnmatch
+
+    out = {}
+    for p in product_files(root):
+        rel = _rel(p, root)
+        if rel.startswith(ENGINE + "/") or any(fnmatch(rel, pat) for pat in ENGINE_CHOOSERS):
+            continue
+        bad = sorted(m for m in imports(p) if m.startswith(ENGINE + ".") and m != ENGINE + ".port")
+        if bad:
+            out[rel] = bad
+    return out
+
+
+def crowded_folders(root: Path = ROOT) -> dict[str, int]:
+    folders: dict[str, int] = {}
+    for p in product_files(root):
+        if p.name not in ("__init__.py", "__main__.py"):
+            folders[_rel(p.parent, root)] = folders.get(_rel(p.parent, root), 0) + 1
+    return {f: n for f, n in folders.items() if n > MAX_MODULES}
+
+
+def long_modules(root: Path = ROOT) -> dict[str, int]:
+    return {_rel(p, root): n for p in product_files(root) if (n := len(p.read_text().splitlines())) > MAX_LINES}
+
+
+def long_functions(path: Path) -> dict[str, int]:
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_APP_FUNCTION:
+                out[node.name] = n
+    return out
+
+
+def definitions_of(name: str, root: Path = ROOT) -> list[str]:
+    return [_rel(p, root) for p in product_files(root)
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+                   for n in ast.walk(ast.parse(p.read_text(), str(p))))]
+
+
+def test_engines_only_through_the_port():
+    found = engine_users()
+    assert not found, f"outside storage/, use the port (storage); engines are chosen by {ENGINE_CHOOSERS}: {found}"
+
+
+def test_no_crowded_folder():
+    assert not crowded_folders(), f"more than {MAX_MODULES} modules side by side: {crowded_folders()}"
+
+
+def test_no_long_module():
+    assert not long_modules(), f"product modules over {MAX_LINES} lines: {long_modules()}"
+
+
+def test_the_composition_root_reads_as_steps():
+    found = long_functions(ROOT / "bot" / "app.py")
+    assert not found, f"functions of bot/app.py over {MAX_APP_FUNCTION} lines: {found}"
+
+
+def test_one_token_estimate():
+    assert len(definitions_of("estimate_tokens")) == 1, definitions_of("estimate_tokens")
+
+
+def test_each_tree_rule_sees_its_break(tmp_path):
+    """The issue-46 rules on a small tree that breaks each once."""
+    files = {
+        "bot/__init__.py": "",
+        "bot/app.py": "def start():\n" + "    x = 1\n" * MAX_APP_FUNCTION + "\n\ndef ok():\n    pass\n",
+        "bot/crowd/__init__.py": "",
+        **{f"bot/crowd/m{i}.py": "" for i in range(MAX_MODULES + 1)},
+        "bot/core/handler.py": "from storage.sqlite import SqliteDatabase\nfrom storage.port import Database\n",
+        "bot/infra/config.py": "from storage.postgres import url_problem\n",
+        "memory/__init__.py": "",
+        "memory/big.py": "x = 1\n" * (MAX_LINES + 1),
+        "memory/a.py": "def estimate_tokens(t):\n    return len(t)\n",
+        "memory/b.py": "def estimate_tokens(t):\n    return len(t) // 4\n",
+        "storage/__init__.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert engine_users(tmp_path) == {"bot/core/handler.py": ["storage.sqlite"]}
+    assert crowded_folders(tmp_path) == {"bot/crowd": MAX_MODULES + 1}
+    assert long_modules(tmp_path) == {"memory/big.py": MAX_LINES + 1}
+    assert long_functions(tmp_path / "bot" / "app.py") == {"start": MAX_APP_FUNCTION + 1}
+    assert definitions_of("estimate_tokens", tmp_path) == ["memory/a.py", "memory/b.py"]
