@@ -460,6 +460,42 @@ async def test_leaving_the_chat_closes_the_session_and_writes_its_episode(home):
     assert ep["session_id"] == session.id and ep["turn_count"] == 2
 
 
+class TtyOut(io.StringIO):
+    """A terminal's stdout (isatty: the chat streams the answer as it arrives)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_a_streamed_answer_whose_deltas_end_in_a_space_is_printed_once(home, monkeypatch):
+    """Issue 52: the tool loop strips the answer, the stream kept its trailing space, and
+    finish() printed the whole answer again on a new line."""
+    import asyncio
+
+    from bot.infra.config import load_settings
+    from bot.infra.terminal import TerminalChat
+    from tests.fakes.fake_anthropic import FakeAnthropic, Text
+
+    with FakeAnthropic() as fake:
+        fake.stream_chunks = 3                       # "Hell" "o th" "ere ": the last delta ends in a space
+        fake.script(Text("Hello there "), Text("Second answer "))
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+        stdin, out = FeedStdin(), TtyOut()
+        chat = TerminalChat(load_settings(), user_id="ou_dana", stdin=stdin, stdout=out, stderr=io.StringIO())
+        task = asyncio.create_task(chat.run())
+        stdin.feed("hi")
+        await until(lambda: out.getvalue().endswith("\n") and "Hello there" in out.getvalue())
+        stdin.feed("again")
+        await until(lambda: "Second answer" in out.getvalue() and out.getvalue().endswith("\n"))
+        stdin.feed("/exit")
+        await asyncio.wait_for(task, 60)
+    assert [r.stream for r in fake.requests if r.kind == "chat"] == [True, True]
+    screen = out.getvalue()
+    assert screen.count("Hello there") == 1 and screen.count("Second answer") == 1, screen
+    assert screen.count("ethan> ") == 2, screen
+
+
 # -- memory import through the CLI ------------------------------------------------------------
 
 def test_memory_import_cli_round_trip_and_refusal(home, tmp_path, capsys, monkeypatch):

@@ -105,14 +105,27 @@ class TerminalReply(ReplyBase):
         if self.done.is_set():
             return
         self.text = text
-        if self.started and text.startswith(self.printed):
-            self.out.write(text[len(self.printed):] + "\n")
+        rest = _unprinted(self.printed, text) if self.started else None
+        if rest is not None:
+            self.out.write(rest + "\n")
         elif self.started:
             self.out.write("\n" + ANSWER + text + "\n")
         else:
             self.out.write(ANSWER + text + "\n")
         self.out.flush()
         self.done.set()
+
+
+def _unprinted(printed: str, text: str) -> str | None:
+    """What of the final ``text`` is not on the screen yet, or None if the screen shows
+    something else. The tool loop (bot/agent/loop.py) strips each round's text, so a stream
+    whose last delta ends in a space is the answer plus that space, not another answer."""
+    if text.startswith(printed):
+        return text[len(printed):]
+    shown, body = printed.strip(), text.strip()
+    if not body.startswith(shown):
+        return None
+    return body[len(shown):].removeprefix(printed[len(printed.rstrip()):])
 
 
 class LineReader:
