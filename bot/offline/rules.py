@@ -20,7 +20,7 @@ What it does (in this order):
 2. **After a tool_result**: a short confirmation of what the tool did (or why it failed).
 3. **A chat message** (the last user turn):
    a stated rule (以后/从现在起/今后…, from now on/always/never…) → ``procedure_write``;
-   "我叫X" / "my name is X" → ``profile_update`` (基础特征, merge);
+   "我叫X" / "my name is X" / "I'm X, …" → ``profile_update`` (基础特征, merge; the name only);
    「记住…」/「记一下…」/"remember …" → ``memory_write`` with a category by keywords
    (喜欢/prefer → preference, 决定/decide → decision, 不对/其实/actually/纠正 → correction,
    else knowledge); otherwise a deterministic answer that shows what memory gave it: the
@@ -284,11 +284,17 @@ _RULE_EN = re.compile(
     r"(?i)\b(?:from now on|going forward|in (?:the )?future)\b"
     r"|^(?:please\s+)?(?:always|never|don't ever)\b"
     r"|\byou (?:should |must )?(?:always|never)\b")
+# A Chinese name runs until punctuation or the clause that follows it ("我叫王磊在支付组"); an
+# English one is one word, plus a second only when capitalised (case-sensitive: "Alice and"
+# is not a surname), and "I'm"/"I am" take only a capitalised word that ends the clause
+# ("I'm Bob, …", never "I'm Happy to help").
+_ZH_NAME_END = r"(?=[\s，。！？,.!?；;、]|在|是|来自|负责|做|从事|今年|住|目前|现在|$)"
+_EN_NAME = r"([A-Za-z][\w'-]*(?: (?!I\b)[A-Z][\w'-]*)?)"
 _NAME = [
-    re.compile(r"我(?:的名字)?叫([^\s，。！？,.!?；;、]{1,20})"),
-    re.compile(r"我的名字是([^\s，。！？,.!?；;、]{1,20})"),
-    re.compile(r"(?i)\bmy name is ([A-Za-z][\w'-]*(?: [A-Z][\w'-]*)?)"),
-    re.compile(r"(?i)\bi'm called ([A-Za-z][\w'-]*)"),
+    re.compile(r"我(?:的名字)?叫([^\s，。！？,.!?；;、]{1,20}?)" + _ZH_NAME_END),
+    re.compile(r"我的名字是([^\s，。！？,.!?；;、]{1,20}?)" + _ZH_NAME_END),
+    re.compile(r"\b(?i:my name is|i'm called) " + _EN_NAME),
+    re.compile(r"\b(?:I'm|I am|(?i:this is)) ([A-Z][a-z'-]+)(?=\s*(?:[,.!;，。]|$|\s(?:and|from|here)\b))"),
 ]
 
 

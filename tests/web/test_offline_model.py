@@ -98,6 +98,13 @@ async def test_streaming_gives_the_same_answer_with_the_sdk_event_sequence(clien
     ("from now on, always answer in English", "procedure_write", {}),
     ("我叫林一", "profile_update", {"section": "基础特征", "entry": "名字：林一", "mode": "merge"}),
     ("my name is Alice", "profile_update", {"section": "基础特征", "entry": "Name: Alice"}),
+    # issue 52: the name ends where the name ends ("Name: Alice and" was the demo's first profile line)
+    ("我叫王磊，在支付组", "profile_update", {"entry": "名字：王磊"}),
+    ("我叫王磊在支付组工作", "profile_update", {"entry": "名字：王磊"}),
+    ("My name is Alice and I work on the payments team.", "profile_update", {"entry": "Name: Alice"}),
+    ("My name is Alice Smith, from payments", "profile_update", {"entry": "Name: Alice Smith"}),
+    ("I'm Bob, I work on search", "profile_update", {"entry": "Name: Bob"}),
+    ("Hi, I am Carol and I like tea", "profile_update", {"entry": "Name: Carol"}),
 ])
 async def test_memory_tool_calls(client, text, tool, args):
     msg = await client.messages.create(model="m", max_tokens=100, messages=_user(text), tools=TOOL_SPECS)
@@ -106,6 +113,12 @@ async def test_memory_tool_calls(client, text, tool, args):
     assert use.type == "tool_use" and use.name == tool
     for k, v in args.items():
         assert use.input[k] == v, use.input
+
+
+@pytest.mark.parametrize("text", ["I'm Happy to help", "I'm going home now", "I am tired today"])
+async def test_a_capitalised_word_after_im_is_not_taken_for_a_name(client, text):
+    msg = await client.messages.create(model="m", max_tokens=100, messages=_user(text), tools=TOOL_SPECS)
+    assert msg.stop_reason == "end_turn", msg.content
 
 
 async def test_no_tool_call_without_tools_or_for_plain_chat(client):
