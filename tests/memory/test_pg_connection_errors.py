@@ -89,3 +89,34 @@ def test_the_driver_itself_echoes_a_raw_space_password_from_a_url(pg_cluster):
     with pytest.raises(psycopg.Error) as info:
         psycopg.connect(f"postgresql://pwuser:{PASSWORD}@127.0.0.1:{pg_cluster.port}/postgres", connect_timeout=2)
     assert "word" in str(info.value)
+
+
+async def test_compose_gives_the_replicas_a_password_with_url_characters_that_logs_in(pg_cluster, db_target,
+                                                                                       monkeypatch):
+    """deploy/compose.yaml's replica environment, its ${POSTGRES_PASSWORD} filled with a password
+    holding / + @ : (issue 52: put raw into the URL, the `/` ended the host part and the login
+    failed), pointed at the throwaway cluster: the settings it makes log in."""
+    from urllib.parse import urlsplit
+
+    import yaml
+
+    from bot.infra.config import load_settings
+    from tests.test_deploy import COMPOSE, _interpolated
+
+    tricky = "p/a+s@s:w0rd/+@:"
+    service = yaml.safe_load(COMPOSE.read_text())["services"]["ethan-1"]
+    env = {k: _interpolated(v, POSTGRES_PASSWORD=tricky) for k, v in service["environment"].items()}
+    parts = urlsplit(env["ETHAN_DATABASE_URL"])
+    assert parts.hostname == "postgres", env["ETHAN_DATABASE_URL"]
+    pg_cluster.password_role(parts.username, tricky)      # scram over TCP: the password is checked
+    dbname = str(db_target).rsplit("/", 1)[1]
+    env["ETHAN_DATABASE_URL"] = parts._replace(
+        netloc=parts.netloc.replace("postgres:5432", f"127.0.0.1:{pg_cluster.port}"), path=f"/{dbname}").geturl()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)                      # as the container's environment
+    settings = load_settings(_env_file=None, ethan_console_token="t" * 32)
+    db = await database(settings.database_target, pool_size=1, connect_timeout=2).open()
+    try:
+        await db.ping()
+    finally:
+        await db.close()
