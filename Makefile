@@ -32,12 +32,14 @@ run: $(RUNTIME)  ## install what running needs and start the bot (.venv/bin/etha
 # (agent, memory layers, context window, Lark rich events, chat rules, providers, commands,
 # console and chat API: every store path through the app). `pytest --backend=postgres tests/e2e
 # tests/bot` runs every app on PostgreSQL only. Needs PostgreSQL's server binaries and
-# Chromium: tests/preflight.py names what is missing in one line.
+# Chromium: tests/preflight.py names what is missing in one line (libfaketime is optional: two
+# replica tests are skipped without it). `test-quick` needs only Python and make
+# (tests/test_docs.py runs its command with the three hidden).
 test: $(STAMP)  ## the whole suite (~32 min on 2 cores; needs PostgreSQL server binaries and Chromium)
 	$(BIN)/python -m tests.preflight
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
-test-quick: $(STAMP)  ## a quick subset (~1 min): settings, CLI, docs, on SQLite, no browser
+test-quick: $(STAMP)  ## a quick subset (~1 min): settings, CLI, docs, on SQLite; needs only Python and make
 	$(BIN)/python -m pytest -q -m "not slow and not browser" tests/bot tests/test_cli.py tests/test_docs.py tests/test_deploy.py tests/test_tree_hygiene.py $(PYTEST_ARGS)
 
 bench: $(STAMP)  ## the benchmarks (bench/README.md)

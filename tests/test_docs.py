@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,9 +48,57 @@ def test_make_test_names_what_it_needs_in_one_line(env, needle):
     assert "collected" not in r.stdout, "the suite ran although something it needs is missing"
 
 
-def test_the_preflight_passes_here():
-    r = subprocess.run([sys.executable, "-m", "tests.preflight"], cwd=ROOT, capture_output=True, text=True)
+def _stub(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_preflight_needs_postgresql_and_chromium_but_not_libfaketime(tmp_path):
+    """The README calls libfaketime optional ("skipped without it"): with PostgreSQL's binaries
+    and Chromium present and libfaketime hidden, `make test`'s preflight passes with one note."""
+    bindir = tmp_path / "pg"
+    for name in ("initdb", "pg_ctl"):
+        _stub(bindir / name)
+    env = {**os.environ, "ETHAN_PG_BINDIR": str(bindir), "ETHAN_CHROMIUM": str(_stub(tmp_path / "chromium")),
+           "ETHAN_FAKETIME": str(tmp_path / "no-libfaketime.so.1")}
+    r = subprocess.run([sys.executable, "-m", "tests.preflight"], cwd=ROOT, capture_output=True, text=True, env=env)
+    if os.geteuid() == 0 and "`postgres` user" in r.stderr:
+        pytest.skip("root without a postgres user: the preflight rightly asks for one")
     assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "libfaketime not found" in r.stdout and "skipped" in r.stdout, r.stdout
+
+
+def _quick_pytest_args() -> list[str]:
+    """The pytest arguments of the Makefile's `test-quick` recipe (after `-m pytest`)."""
+    recipe = re.search(r"^test-quick:.*\n\t(.*)$", MAKEFILE, re.M).group(1)
+    args = shlex.split(recipe.split("-m pytest", 1)[1].replace("$(PYTEST_ARGS)", ""))
+    assert "-m" in args and "slow" in args[args.index("-m") + 1], args
+    return args
+
+
+@pytest.mark.slow       # the quick subset itself, once (~1 min); excluded from it, so it never recurses
+def test_the_quick_subset_passes_without_postgresql_chromium_or_libfaketime(tmp_path):
+    """Issue 52: `make test-quick` failed on a machine with only Python and make. Its pytest
+    command, run here with PostgreSQL's binaries, Chromium and libfaketime all out of reach
+    (named paths that do not exist, and a PATH of the usual tools without any of them)."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    hidden = re.compile(r"^(chrom|pg_|postgres|initdb|psql|faketime|playwright)")
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        for tool in (Path(folder).iterdir() if Path(folder).is_dir() else ()):
+            if not hidden.match(tool.name) and not (path / tool.name).exists():
+                (path / tool.name).symlink_to(tool)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ETHAN_", "PG"))}
+    env.update(PATH=str(path), ETHAN_PG_BINDIR=str(tmp_path / "no-pg"),
+               ETHAN_CHROMIUM=str(tmp_path / "no-chromium"), ETHAN_FAKETIME=str(tmp_path / "no-faketime.so.1"),
+               PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *_quick_pytest_args()],
+                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+    tail = "\n".join(r.stdout.splitlines()[-30:])
+    assert r.returncode == 0, tail
+    assert " passed" in tail and " failed" not in tail, tail
 
 
 def test_make_run_installs_the_runtime_only():
@@ -183,7 +232,7 @@ async def test_the_offline_healthz_example_is_what_the_server_answers(tmp_path):
         assert example[key] == real[key], (key, example[key], real[key])
 
 
-_NOT_SETTINGS = {"ETHAN_CHROMIUM", "ETHAN_PG_BINDIR", "ETHAN_CI_IN_CLONE"}   # the test suite's own
+_NOT_SETTINGS = {"ETHAN_CHROMIUM", "ETHAN_PG_BINDIR", "ETHAN_FAKETIME", "ETHAN_CI_IN_CLONE"}   # the test suite's own
 
 
 def test_every_documented_setting_is_read_by_the_code_and_every_setting_is_documented():
