@@ -137,7 +137,7 @@ def _read_together(turns: list, message_id: str | None) -> tuple[str, ...]:
 class Agent:
     def __init__(self, memory: Memory, model: ChatModel, *, deadline: float = 60.0,
                  max_input_chars: int = 20_000,
-                 on_failure: Callable[[str], None] | None = None,
+                 on_failure: Callable[[str, str], None] | None = None,
                  on_call: Callable[[], None] | None = None,
                  tools: ToolRegistry | None = None) -> None:
         self.memory = memory
@@ -145,7 +145,7 @@ class Agent:
         self.model = model
         self.deadline = deadline
         self.max_input_chars = max_input_chars
-        self.on_failure = on_failure     # called with ModelFailure.kind (metrics)
+        self.on_failure = on_failure     # called with ModelFailure.kind and .detail (metrics, /healthz)
         self.on_call = on_call           # called once per turn sent to the model (metrics)
         self.calls = 0
         self.failures = 0
@@ -248,7 +248,7 @@ class Agent:
         except ModelFailure as failure:
             self.failures += 1
             if self.on_failure is not None:
-                self.on_failure(failure.kind)
+                self.on_failure(failure.kind, failure.detail)
             (bound.error if failure.kind == "spend_limit" else bound.warning)(
                 "agent.model_failed", kind=failure.kind, status=failure.status,
                 detail=failure.detail[:300], elapsed_ms=int((time.monotonic() - started) * 1000))

@@ -19,6 +19,7 @@ import anthropic
 
 from bot.llm.policy import (
     StructuredModes, json_instruction, log, parse_json_object, parse_retry_after, policy_turn,
+    refused_cause,
 )
 from memory.llm import (
     ModelFailure, ModelRequest, ModelResponse, OnText, StopReason, Usage,
@@ -57,6 +58,9 @@ def classify(exc: BaseException) -> ModelFailure:
         if status == 404:
             return ModelFailure("not_found", text, status)
         return ModelFailure("bad_request", text, status)
+    refused = refused_cause(exc)
+    if refused:                 # a misspelt host or a closed port: not a timeout (issue 52)
+        return ModelFailure("connection", refused)
     if isinstance(exc, (anthropic.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
         return ModelFailure("timeout", str(exc) or type(exc).__name__)
     if isinstance(exc, anthropic.APIConnectionError):

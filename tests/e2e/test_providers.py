@@ -194,8 +194,64 @@ async def test_wrong_key_and_unreachable_endpoint_name_the_setting(tmp_path):
         assert status == 503 and body["model_problem"].startswith("OPENAI_BASE_URL: cannot reach")
         # refused in milliseconds: a refused connection, not a timeout (the SDK's aiohttp
         # transport files it under APITimeoutError; its cause says Connect call failed)
-        assert "(provider openai, connection)" in body["model_problem"], body["model_problem"]
+        assert "(provider openai, connection refused)" in body["model_problem"], body["model_problem"]
         assert "Connect call failed" in body["model_problem"] and "timeout" not in body["model_problem"]
+
+
+async def _chat(h, text="hello there"):
+    async with h.http.post(h.url + "/chat", json={"user_id": "ou_api", "text": text}) as r:
+        return r.status, await r.json()
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_a_misspelt_host_is_a_dns_failure_and_chat_answers_503(tmp_path, provider):
+    """(issue 52) A misspelt host failed in ~100 ms and was reported as "(timeout)"; /chat then
+    answered 200 with an apology. Now: "DNS lookup failed" at start-up, a refused port says
+    "connection refused", and /chat is a 503 model_unusable naming the base URL."""
+    setting = "OPENAI_BASE_URL" if provider == "openai" else "ANTHROPIC_BASE_URL"
+    host = "http://ethan-no-such-host.invalid" + ("/v1" if provider == "openai" else "")
+    async with Harness(tmp_path / "dns", provider=provider, **{setting.lower(): host}) as h:
+        status, body = await healthz(h)
+        line = body["model_problem"]
+        assert status == 503 and line.startswith(f"{setting}: cannot reach"), line
+        assert f"(provider {provider}, DNS lookup failed)" in line and "timeout" not in line, line
+        status, body = await _chat(h)
+        assert status == 503 and body["error"] == "model_unusable" and body["kind"] == "connection", body
+        assert body["setting"] == setting and "DNS lookup failed" in body["reason"], body
+    port = _closed_port()
+    refused = f"http://127.0.0.1:{port}" + ("/v1" if provider == "openai" else "")
+    async with Harness(tmp_path / "refused", provider=provider, **{setting.lower(): refused}) as h:
+        status, body = await healthz(h)
+        assert f"(provider {provider}, connection refused)" in body["model_problem"], body
+        status, body = await _chat(h)
+        assert status == 503 and "connection refused" in body["reason"], body
+
+
+async def test_a_base_url_without_v1_is_blamed_not_the_model(tmp_path):
+    """(issue 52) OPENAI_BASE_URL without /v1 (every model route 404s): the line names the base
+    URL and says "add /v1?", /healthz is not ok, and /chat's 503 names OPENAI_BASE_URL, not
+    ETHAN_MODEL — before, the check passed ("unverified") and the first message blamed the model."""
+    with FakeOpenAI() as fake:
+        root = fake.base_url.removesuffix("/v1")
+        async with Harness(tmp_path, model=fake, openai_base_url=root) as h:
+            status, body = await healthz(h)
+            line = body["model_problem"]
+            assert status == 503 and body["model_ok"] is False, body
+            assert line.startswith("OPENAI_BASE_URL:") and "add /v1?" in line and "ETHAN_MODEL" not in line, line
+            status, body = await _chat(h)
+            assert status == 503 and body["kind"] == "not_found" and body["setting"] == "OPENAI_BASE_URL", body
+            status, body = await healthz(h)
+            assert body["model_problem"] == line        # the chat's 404 did not re-blame the model
+
+
+async def test_a_key_not_set_is_not_a_key_rejected(tmp_path):
+    """(issue 52) OPENAI_APIKEY=… set no key: the line says OPENAI_API_KEY is not set, not
+    "rejected" (no key was sent)."""
+    with FakeOpenAI(api_key="the-right-key") as fake:
+        async with Harness(tmp_path, model=fake, openai_api_key="") as h:
+            status, body = await healthz(h)
+            line = body["model_problem"]
+            assert status == 503 and line.startswith("OPENAI_API_KEY: not set") and "rejected" not in line, line
 
 
 async def test_a_refused_key_shows_in_the_console_answers_chat_503_and_tells_lark_users(tmp_path):
