@@ -254,6 +254,27 @@ async def test_a_key_not_set_is_not_a_key_rejected(tmp_path):
             assert status == 503 and line.startswith("OPENAI_API_KEY: not set") and "rejected" not in line, line
 
 
+async def test_misspelt_names_get_one_warning_naming_the_setting(tmp_path, monkeypatch):
+    """(issue 52) ETHAN_MODLE, OPENAI_BASEURL, OPENAI_APIKEY were ignored in silence (the
+    defaults used; "OPENAI_API_KEY: rejected" though no key was sent). Now one start-up warning
+    each naming the closest setting; names the SDKs read (OPENAI_ORG_ID) are left alone."""
+    typos = {"ETHAN_MODLE": "ETHAN_MODEL", "OPENAI_BASEURL": "OPENAI_BASE_URL",
+             "OPENAI_APIKEY": "OPENAI_API_KEY", "LARK_APPID": "LARK_APP_ID"}
+    with FakeOpenAI(api_key="the-right-key") as fake, LogCapture() as logs:
+        for name in typos:
+            monkeypatch.setenv(name, "the-right-key" if name == "OPENAI_APIKEY" else "x")
+        monkeypatch.setenv("OPENAI_ORG_ID", "org-test")
+        monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "t")
+        async with Harness(tmp_path, model=fake, openai_api_key="") as h:
+            status, body = await healthz(h)
+            assert body["model_problem"].startswith("OPENAI_API_KEY: not set"), body
+        lines = {e["name"]: e for e in logs.events("config.unknown_setting")}
+        for name, closest in typos.items():
+            assert lines[name]["closest"] == closest and f"did you mean {closest}?" in lines[name]["problem"]
+        assert "OPENAI_ORG_ID" not in lines and "ANTHROPIC_AUTH_TOKEN" not in lines
+        assert len(logs.events("config.unknown_setting")) == len(lines)    # one line a name
+
+
 async def test_a_refused_key_shows_in_the_console_answers_chat_503_and_tells_lark_users(tmp_path):
     """(issue 30 item 6) The console header says the model is unusable and which setting;
     POST /chat answers 503 model_unusable with the reason, not 200 with an apology; a Lark
