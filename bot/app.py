@@ -149,7 +149,8 @@ class EthanApp:
 
     def _on_model_failure(self, kind: str, detail: str = "") -> None:
         self.metrics.model_failures.labels(kind=kind).inc()
-        if kind in ("auth", "not_found", "connection") and self.models is not None:
+        # what retrying cannot fix names its setting on /healthz and in /chat's 503 (issue 52)
+        if kind in ("auth", "not_found", "connection", "spend_limit") and self.models is not None:
             from bot.llm.health import problem_line
             from bot.llm.policy import NO_ROUTES
 

@@ -275,6 +275,44 @@ async def test_misspelt_names_get_one_warning_naming_the_setting(tmp_path, monke
         assert len(logs.events("config.unknown_setting")) == len(lines)    # one line a name
 
 
+@pytest.mark.parametrize("case", ["unknown model", "spent budget"])
+async def test_chat_is_503_model_unusable_in_every_case_the_console_doc_lists(tmp_path, case):
+    """(issue 52) docs/console.md: a refused key, an unknown model, an unreachable endpoint, a
+    spent budget are each a 503 model_unusable whose reason and setting name what to fix (the
+    key and the endpoint: the tests above)."""
+    with FakeOpenAI() as fake:
+        if case == "unknown model":
+            fake.unknown_models = {"gpt-4o"}
+        async with Harness(tmp_path, model=fake) as h:
+            if case == "spent budget":
+                fake.strict = False
+                fake.script(Error.spend_limit())
+            status, body = await _chat(h)
+            assert status == 503 and body["error"] == "model_unusable", body
+            kind, setting = {"unknown model": ("not_found", "ETHAN_MODEL"),
+                             "spent budget": ("spend_limit", "OPENAI_API_KEY")}[case]
+            assert body["kind"] == kind and body["setting"] == setting, body
+            assert body["reason"].startswith(setting + ":"), body
+
+
+@pytest.mark.slow
+async def test_an_endpoint_that_never_answers_is_503_not_an_apology(tmp_path):
+    """(issue 52) An endpoint the start-up check could not reach in time ("timeout"): /chat's
+    timeout is that endpoint, not a passing pause — 503 model_unusable, not 200 + apology."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)            # accepts (the kernel does), never answers
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        async with Harness(tmp_path, provider="openai", openai_base_url=url, ethan_reply_deadline=3.0) as h:
+            status, body = await healthz(h)
+            assert "(provider openai, timeout)" in body["model_problem"], body
+            status, body = await _chat(h)
+            assert status == 503 and body["kind"] == "timeout" and body["setting"] == "OPENAI_BASE_URL", body
+    finally:
+        silent.close()
+
+
 async def test_a_refused_key_shows_in_the_console_answers_chat_503_and_tells_lark_users(tmp_path):
     """(issue 30 item 6) The console header says the model is unusable and which setting;
     POST /chat answers 503 model_unusable with the reason, not 200 with an apology; a Lark
