@@ -242,6 +242,10 @@ async def test_a_base_url_without_v1_is_blamed_not_the_model(tmp_path):
             assert status == 503 and body["kind"] == "not_found" and body["setting"] == "OPENAI_BASE_URL", body
             status, body = await healthz(h)
             assert body["model_problem"] == line        # the chat's 404 did not re-blame the model
+            # a Lark user is not told only that the model's name is wrong
+            await h.send_text("你好，帮我看看这个问题", **ALICE)
+            [answer] = await h.replies(1, timeout=10)
+            assert "接口地址" in answer.text and "重试也没有用" in answer.text, answer.text
 
 
 async def test_a_key_not_set_is_not_a_key_rejected(tmp_path):
