@@ -28,8 +28,11 @@ def problem_line(settings: Any, model: Any, kind: str, detail: str = "", model_s
                     f"asks for a key")
         return f"{p.key_setting or 'the API key'}: rejected by {where} (provider {p.name}); check the key"
     if kind == "not_found" and detail.startswith(NO_ROUTES):
-        hint = "add /v1?" if p.kind == "openai" and not re.search(r"/v\d+[a-z]*$", where) else "check the base URL"
-        return (f"{p.url_setting}: {where} has no model routes (GET /models answers 404; "
+        versioned = re.search(r"/v\d+[a-z]*$", where)
+        hint = ("add /v1?" if p.kind == "openai" and not versioned
+                else "remove /v1? (the Anthropic SDK adds it)" if p.kind == "anthropic" and versioned
+                else "check the base URL")
+        return (f"{p.url_setting}: {where} has no model routes (they answer 404; "
                 f"provider {p.name}); {hint}")
     if kind == "not_found":
         return (f"{model_setting}: model {model.name!r} is not known at {where} (provider {p.name}); "

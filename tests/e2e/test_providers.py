@@ -248,6 +248,22 @@ async def test_a_base_url_without_v1_is_blamed_not_the_model(tmp_path):
             assert "接口地址" in answer.text and "重试也没有用" in answer.text, answer.text
 
 
+async def test_an_anthropic_base_url_with_v1_is_blamed_not_the_model(tmp_path):
+    """(issue 52) ANTHROPIC_BASE_URL=…/v1 (the SDK adds /v1 itself: every route 404s) was
+    "ETHAN_MODEL: model … is not known"; an unknown model is still ETHAN_MODEL's."""
+    with FakeAnthropic() as fake:
+        async with Harness(tmp_path / "a", model=fake, anthropic_base_url=fake.base_url + "/v1") as h:
+            status, body = await healthz(h)
+            line = body["model_problem"]
+            assert status == 503 and line.startswith("ANTHROPIC_BASE_URL:") and "remove /v1?" in line, line
+            status, body = await _chat(h)
+            assert status == 503 and body["setting"] == "ANTHROPIC_BASE_URL", body
+        fake.unknown_models = {"claude-typo"}
+        async with Harness(tmp_path / "b", model=fake, ethan_model="claude-typo") as h:
+            status, body = await healthz(h)
+            assert body["model_problem"].startswith("ETHAN_MODEL: model 'claude-typo' is not known"), body
+
+
 async def test_a_key_not_set_is_not_a_key_rejected(tmp_path):
     """(issue 52) OPENAI_APIKEY=… set no key: the line says OPENAI_API_KEY is not set, not
     "rejected" (no key was sent)."""
