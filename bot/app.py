@@ -147,12 +147,16 @@ class EthanApp:
         self.started_at = time.time()
         await self.lifespan.start(self, Boot())
 
-    def _on_model_failure(self, kind: str) -> None:
+    def _on_model_failure(self, kind: str, detail: str = "") -> None:
         self.metrics.model_failures.labels(kind=kind).inc()
-        if kind in ("auth", "not_found") and self.models is not None:
+        # what retrying cannot fix names its setting on /healthz and in /chat's 503 (issue 52)
+        if kind in ("auth", "not_found", "connection", "spend_limit") and self.models is not None:
             from bot.llm.health import problem_line
+            from bot.llm.policy import NO_ROUTES
 
-            self.model_problem = problem_line(self.settings, self.models.chat.models[0], kind)
+            if kind == "not_found" and NO_ROUTES in (self.model_problem or ""):
+                return      # the check blamed the base URL: a chat 404 must not blame ETHAN_MODEL
+            self.model_problem = problem_line(self.settings, self.models.chat.models[0], kind, detail)
 
     def _on_model_response(self, response) -> None:
         self.metrics.count_response(response)

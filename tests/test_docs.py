@@ -220,13 +220,19 @@ async def test_the_offline_healthz_example_is_what_the_server_answers(tmp_path):
 
     example = json.loads(re.search(r"Expected `/healthz` body of step 2.*?```json\n(.*?)\n```",
                                    OPERATIONS, re.S).group(1))
+    from tests.reliability.support import LogCapture
+
     app = EthanApp(offline_settings(tmp_path, ethan_model=""))
-    await app.start()
+    with LogCapture() as logs:
+        await app.start()
     try:
         async with aiohttp.ClientSession() as http, http.get(app.base_url + "/healthz") as r:
             real = await r.json()
     finally:
         await app.stop()
+    # (issue 52) the offline model is nobody's Anthropic: "offline" in app.ready and /healthz
+    [ready] = logs.events("app.ready")
+    assert ready["provider"] == "offline" and ready["model"] == "ethan-offline", ready
     assert set(example) == set(real), (sorted(set(example) ^ set(real)))
     for key in ("status", "ready", "database", "transport", "model", "provider", "model_ok", "offline_model"):
         assert example[key] == real[key], (key, example[key], real[key])

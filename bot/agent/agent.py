@@ -100,13 +100,13 @@ APOLOGIES = {
     "zh": {
         "spend_limit": "抱歉，我现在无法回答：模型的用量额度已用完，我已通知管理员。你的消息已保存。",
         "auth": "抱歉，我现在无法回答：机器人的模型配置有误（API 密钥被拒绝），重试也没有用，需要管理员修正配置。你的消息已保存。",
-        "not_found": "抱歉，我现在无法回答：机器人的模型配置有误（模型名称不存在），重试也没有用，需要管理员修正配置。你的消息已保存。",
+        "not_found": "抱歉，我现在无法回答：机器人的模型配置有误（模型名称或接口地址不存在），重试也没有用，需要管理员修正配置。你的消息已保存。",
         "default": "抱歉，我这边暂时出了点问题，没能回答。你的消息已保存，请稍后再发一次。",
     },
     "en": {
         "spend_limit": "Sorry — I can't answer right now: the model's usage limit has been reached and the admins have been told. Your message is saved.",
         "auth": "Sorry — I can't answer: this bot is misconfigured (its model's API key was refused). Retrying won't help; an admin has to fix the configuration. Your message is saved.",
-        "not_found": "Sorry — I can't answer: this bot is misconfigured (its model name is not known to the provider). Retrying won't help; an admin has to fix the configuration. Your message is saved.",
+        "not_found": "Sorry — I can't answer: this bot is misconfigured (its model name or API address is not known to the provider). Retrying won't help; an admin has to fix the configuration. Your message is saved.",
         "default": "Sorry — something went wrong on my side and I couldn't answer. Your message is saved; please try again in a moment.",
     },
 }
@@ -137,7 +137,7 @@ def _read_together(turns: list, message_id: str | None) -> tuple[str, ...]:
 class Agent:
     def __init__(self, memory: Memory, model: ChatModel, *, deadline: float = 60.0,
                  max_input_chars: int = 20_000,
-                 on_failure: Callable[[str], None] | None = None,
+                 on_failure: Callable[[str, str], None] | None = None,
                  on_call: Callable[[], None] | None = None,
                  tools: ToolRegistry | None = None) -> None:
         self.memory = memory
@@ -145,7 +145,7 @@ class Agent:
         self.model = model
         self.deadline = deadline
         self.max_input_chars = max_input_chars
-        self.on_failure = on_failure     # called with ModelFailure.kind (metrics)
+        self.on_failure = on_failure     # called with ModelFailure.kind and .detail (metrics, /healthz)
         self.on_call = on_call           # called once per turn sent to the model (metrics)
         self.calls = 0
         self.failures = 0
@@ -248,7 +248,7 @@ class Agent:
         except ModelFailure as failure:
             self.failures += 1
             if self.on_failure is not None:
-                self.on_failure(failure.kind)
+                self.on_failure(failure.kind, failure.detail)
             (bound.error if failure.kind == "spend_limit" else bound.warning)(
                 "agent.model_failed", kind=failure.kind, status=failure.status,
                 detail=failure.detail[:300], elapsed_ms=int((time.monotonic() - started) * 1000))

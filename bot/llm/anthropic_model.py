@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import re
 from typing import Any
 
 import anthropic
 
 from bot.llm.policy import (
     StructuredModes, json_instruction, log, parse_json_object, parse_retry_after, policy_turn,
+    NO_ROUTES, refused_cause,
 )
 from memory.llm import (
     ModelFailure, ModelRequest, ModelResponse, OnText, StopReason, Usage,
@@ -57,6 +59,9 @@ def classify(exc: BaseException) -> ModelFailure:
         if status == 404:
             return ModelFailure("not_found", text, status)
         return ModelFailure("bad_request", text, status)
+    refused = refused_cause(exc)
+    if refused:                 # a misspelt host or a closed port: not a timeout (issue 52)
+        return ModelFailure("connection", refused)
     if isinstance(exc, (anthropic.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
         return ModelFailure("timeout", str(exc) or type(exc).__name__)
     if isinstance(exc, anthropic.APIConnectionError):
@@ -271,7 +276,13 @@ class AnthropicChatModel:
         try:
             await asyncio.wait_for(self.client.models.retrieve(self.name), 10.0)
         except Exception as e:  # noqa: BLE001
-            raise classify(e) from e
+            failure = classify(e)
+            # Anthropic's unknown model is "model: <id>"; a 404 that names no model (paths set
+            # aside) is a wrong base URL (ANTHROPIC_BASE_URL with /v1: /v1/v1/models/…), not
+            # ETHAN_MODEL (issue 52)
+            if failure.kind == "not_found" and "model" not in re.sub(r"\S*/\S*", "", failure.detail).lower():
+                raise ModelFailure("not_found", f"{NO_ROUTES}: {failure.detail[:120]}", 404) from e
+            raise failure from e
 
     async def aclose(self) -> None:
         await self.client.close()

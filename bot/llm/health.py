@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bot.llm.policy import log
+from bot.llm.policy import DNS_FAILED, NO_ROUTES, REFUSED, log
 from bot.infra.log import safe_url
 from memory.llm import ModelFailure
 
@@ -23,13 +23,27 @@ def problem_line(settings: Any, model: Any, kind: str, detail: str = "", model_s
     where = safe_url(p.base_url) if p.base_url else (
         "https://api.anthropic.com" if p.kind == "anthropic" else "https://api.openai.com/v1")
     if kind == "auth":
+        if not p.api_key:       # nothing was sent: "rejected" would send the operator to the wrong key
+            return (f"{p.key_setting or 'the API key'}: not set; {where} (provider {p.name}) "
+                    f"asks for a key")
         return f"{p.key_setting or 'the API key'}: rejected by {where} (provider {p.name}); check the key"
+    if kind == "not_found" and detail.startswith(NO_ROUTES):
+        versioned = re.search(r"/v\d+[a-z]*$", where)
+        hint = ("add /v1?" if p.kind == "openai" and not versioned
+                else "remove /v1? (the Anthropic SDK adds it)" if p.kind == "anthropic" and versioned
+                else "check the base URL")
+        return (f"{p.url_setting}: {where} has no model routes (they answer 404; "
+                f"provider {p.name}); {hint}")
     if kind == "not_found":
         return (f"{model_setting}: model {model.name!r} is not known at {where} (provider {p.name}); "
                 f"check the model name")
     if kind in ("connection", "timeout"):
+        # which failure, in words: a misspelt host, a closed port and a silent one are three fixes
+        how = (DNS_FAILED if detail.startswith(DNS_FAILED) else REFUSED if detail.startswith(REFUSED)
+               else kind)
+        detail = detail.removeprefix(how + ": ")
         return (f"{p.url_setting}: cannot reach {where} "
-                f"(provider {p.name}, {kind}){': ' + safe_url(detail[:120]) if detail else ''}")
+                f"(provider {p.name}, {how}){': ' + safe_url(detail[:120]) if detail else ''}")
     if kind == "spend_limit":
         return f"{p.key_setting}: the usage limit of provider {p.name} is reached"
     return f"{model_setting}: provider {p.name} at {where} answered the check with {kind}"

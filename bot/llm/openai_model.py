@@ -32,6 +32,7 @@ from typing import Any
 import openai
 
 from bot.llm.policy import (
+    NO_ROUTES,
     refused_cause,
     StructuredModes, json_instruction, log, parse_json_object, parse_retry_after, policy_turn,
 )
@@ -335,8 +336,8 @@ class OpenAIChatModel:
             failure = classify(e)
             if failure.kind != "not_found":
                 raise failure from e
-            about_model = "model" in (str(_error_field(e, "code") or "") + failure.detail).lower() \
-                if isinstance(e, openai.APIStatusError) else False
+            code = str(_error_field(e, "code") or "").lower() if isinstance(e, openai.APIStatusError) else ""
+            about_model = "model" in code + failure.detail.lower()
         # Some servers have no GET /models/{id}: look in the list. Only a 404 about the model
         # itself makes a missing entry a problem — a server whose list leaves out what it
         # serves (an Ark endpoint id, an alias) must not be reported as misconfigured.
@@ -347,6 +348,10 @@ class OpenAIChatModel:
             failure = classify(e)
             if failure.kind != "not_found":
                 raise failure from e
+            if "model" not in code:
+                # both model routes 404 and nothing says which model: the base URL is wrong
+                # (OPENAI_BASE_URL without /v1), not ETHAN_MODEL — and not "unverified", ok
+                raise ModelFailure("not_found", f"{NO_ROUTES}: GET /models: {failure.detail[:120]}", 404) from e
             ids = set()
         if self.name in ids or f"models/{self.name}" in ids:
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
 from typing import Any, Awaitable, Callable
 
@@ -22,17 +23,34 @@ from memory.models import caps
 log = get_logger("ethan.model")
 
 
+# How a failed connect is told apart (issue 52): the detail of a "connection" failure starts
+# with one of these, so the start-up line and /chat say which (a misspelt host is not a timeout).
+DNS_FAILED = "DNS lookup failed"
+REFUSED = "connection refused"
+# A base URL whose model routes all answer 404 (OPENAI_BASE_URL without /v1): the start-up
+# check's detail starts with this, and the line blames the base URL, not the model name.
+NO_ROUTES = "no model routes"
+
+
 def refused_cause(exc: BaseException) -> str:
-    """The refused or failed connect behind a transport error, however the SDK filed it
-    (a timeout, a connection error): its text, or "" when nothing in the cause chain is one."""
-    seen: set[int] = set()
+    """The failed name lookup, or refused or failed connect, behind a transport error, however
+    the SDK filed it (its aiohttp transport files both under a connect *timeout*): its text,
+    prefixed ``DNS lookup failed: `` / ``connection refused: ``, or "" when the cause chain has
+    neither."""
+    chain: list[BaseException] = []
     cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, (ConnectionRefusedError, ConnectionResetError)) or (
-                isinstance(cur, OSError) and "Connect call failed" in str(cur)):
-            return f"connection refused: {cur}" if isinstance(cur, ConnectionRefusedError) else str(cur)
+    while cur is not None and cur not in chain:
+        chain.append(cur)
         cur = cur.__cause__ or cur.__context__
+    # the innermost cause says most: aiohttp's connector error wraps the refused connect
+    for cur in chain:
+        if isinstance(cur, socket.gaierror):
+            return f"{DNS_FAILED}: {cur.strerror or cur}"
+        if isinstance(cur, ConnectionRefusedError):
+            return f"{REFUSED}: {cur}"
+    for cur in chain:
+        if isinstance(cur, ConnectionResetError) or (isinstance(cur, OSError) and "Connect call failed" in str(cur)):
+            return str(cur)
     return ""
 
 

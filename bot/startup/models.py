@@ -41,6 +41,12 @@ async def close_clients(app: Any, shutdown: Shutdown) -> None:
 async def check_model(app: Any, boot: Boot) -> None:
     for line in app.settings.model_warnings():
         log.warning("config.model_mismatch", problem=line)
+    from bot.infra.config.names import unknown_names
+
+    # a misspelt name was ignored in silence and its default used (ETHAN_MODLE, OPENAI_BASEURL)
+    for name, closest in unknown_names(app.settings):
+        log.warning("config.unknown_setting", name=name, closest=closest,
+                    problem=f"{name} is not a setting and is ignored" + (f"; did you mean {closest}?" if closest else ""))
     await _check_model(app)
 
 

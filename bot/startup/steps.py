@@ -27,7 +27,7 @@ async def announce_ready(app: Any, boot: Boot) -> None:
     log.info("app.warmed", warm_up_ms=boot.warm_ms)
     app.ready = True
     log.info("app.ready", url=app.base_url, lark=s.lark_transport if s.lark_enabled else "off",
-             model=model.name, provider=model.provider, consolidation_model=boot.consolidator.model,
+             model=model.name, provider="offline" if s.offline_model else model.provider, consolidation_model=boot.consolidator.model,
              fallbacks=[f"{m.provider}:{m.name}" for m in model.models[1:]],
              offline_model=s.offline_model, removed_empty_sessions=boot.removed)
 

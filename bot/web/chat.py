@@ -215,10 +215,12 @@ class WebChat:
             return 422, {"error": "not answered", "reason": outcome.reason}
         if outcome.status != "answered":
             return 504, {"error": "no answer", "reason": outcome.reason}
-        if reply.failure in UNUSABLE:
+        problem = self.d.model_problem() if reply.failure else ""
+        # a timeout where the start-up check found the endpoint unreachable is that, not a pause
+        if reply.failure in UNUSABLE or (reply.failure == "timeout" and "cannot reach" in (problem or "")):
             # A model that cannot work is the operator's to fix: a 503 naming the setting, not
             # a 200 whose body is an apology a client would show as the answer.
-            problem = self.d.model_problem() or f"the model failed ({reply.failure})"
+            problem = problem or f"the model failed ({reply.failure})"
             log.warning("chat.model_unusable", user_id=user_id, kind=reply.failure)
             return 503, {"error": "model_unusable", "kind": reply.failure, "reason": problem,
                          "setting": problem_setting(problem)}

@@ -77,7 +77,8 @@ def setup_health(web_app: web.Application, ethan: Probed) -> None:
             "transport": transport,
             "bot_identity": identity,
             "model": getattr(ethan.agent.model, "name", "") if ethan.agent else "",
-            "provider": getattr(ethan.agent.model, "provider", "") if ethan.agent else "",
+            # the offline model speaks the Anthropic API but is nobody's: say so (issue 52)
+            "provider": "offline" if s.offline_model else getattr(ethan.agent.model, "provider", "") if ethan.agent else "",
             "model_ok": None if problem is None else not problem,
             **({"model_problem": problem} if problem else {}),
             "offline_model": s.offline_model,

@@ -276,3 +276,25 @@ def test_serve_refuses_unsafe_lease_and_deadline_in_one_line(clean_env, var, val
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr[-500:])
     assert r.stderr.strip().count("\n") == 0 and var in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("env,provider,model", [
+    ({}, "anthropic", "claude-sonnet-4-6"),
+    ({"ANTHROPIC_API_KEY": "k"}, "anthropic", "claude-sonnet-4-6"),
+    ({"OPENAI_API_KEY": "k"}, "openai", "gpt-4o"),
+    ({"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"}, "openai", "gpt-4o"),
+    ({"ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": "k"}, "anthropic", "claude-sonnet-4-6"),
+])
+def test_the_readme_defaults_table_is_true_for_each_provider(clean_env, monkeypatch, env, provider, model):
+    """(issue 52) The README said ETHAN_MODEL defaults to claude-sonnet-4-6 while with only
+    OPENAI_API_KEY it is gpt-4o: the table's default cell names each provider's model."""
+    import re
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    s = load_settings()
+    assert (s.provider, s.ethan_model) == (provider, model)
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `ETHAN_MODEL` |"))
+    default = row.rstrip(" |").rsplit("|", 1)[1]
+    assert re.search(rf"`{re.escape(model)}` on `{provider}`", default), default

@@ -194,8 +194,143 @@ async def test_wrong_key_and_unreachable_endpoint_name_the_setting(tmp_path):
         assert status == 503 and body["model_problem"].startswith("OPENAI_BASE_URL: cannot reach")
         # refused in milliseconds: a refused connection, not a timeout (the SDK's aiohttp
         # transport files it under APITimeoutError; its cause says Connect call failed)
-        assert "(provider openai, connection)" in body["model_problem"], body["model_problem"]
+        assert "(provider openai, connection refused)" in body["model_problem"], body["model_problem"]
         assert "Connect call failed" in body["model_problem"] and "timeout" not in body["model_problem"]
+
+
+async def _chat(h, text="hello there"):
+    async with h.http.post(h.url + "/chat", json={"user_id": "ou_api", "text": text}) as r:
+        return r.status, await r.json()
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_a_misspelt_host_is_a_dns_failure_and_chat_answers_503(tmp_path, provider):
+    """(issue 52) A misspelt host failed in ~100 ms and was reported as "(timeout)"; /chat then
+    answered 200 with an apology. Now: "DNS lookup failed" at start-up, a refused port says
+    "connection refused", and /chat is a 503 model_unusable naming the base URL."""
+    setting = "OPENAI_BASE_URL" if provider == "openai" else "ANTHROPIC_BASE_URL"
+    host = "http://ethan-no-such-host.invalid" + ("/v1" if provider == "openai" else "")
+    async with Harness(tmp_path / "dns", provider=provider, **{setting.lower(): host}) as h:
+        status, body = await healthz(h)
+        line = body["model_problem"]
+        assert status == 503 and line.startswith(f"{setting}: cannot reach"), line
+        assert f"(provider {provider}, DNS lookup failed)" in line and "timeout" not in line, line
+        status, body = await _chat(h)
+        assert status == 503 and body["error"] == "model_unusable" and body["kind"] == "connection", body
+        assert body["setting"] == setting and "DNS lookup failed" in body["reason"], body
+    port = _closed_port()
+    refused = f"http://127.0.0.1:{port}" + ("/v1" if provider == "openai" else "")
+    async with Harness(tmp_path / "refused", provider=provider, **{setting.lower(): refused}) as h:
+        status, body = await healthz(h)
+        assert f"(provider {provider}, connection refused)" in body["model_problem"], body
+        status, body = await _chat(h)
+        assert status == 503 and "connection refused" in body["reason"], body
+
+
+async def test_a_base_url_without_v1_is_blamed_not_the_model(tmp_path):
+    """(issue 52) OPENAI_BASE_URL without /v1 (every model route 404s): the line names the base
+    URL and says "add /v1?", /healthz is not ok, and /chat's 503 names OPENAI_BASE_URL, not
+    ETHAN_MODEL — before, the check passed ("unverified") and the first message blamed the model."""
+    with FakeOpenAI() as fake:
+        root = fake.base_url.removesuffix("/v1")
+        async with Harness(tmp_path, model=fake, openai_base_url=root) as h:
+            status, body = await healthz(h)
+            line = body["model_problem"]
+            assert status == 503 and body["model_ok"] is False, body
+            assert line.startswith("OPENAI_BASE_URL:") and "add /v1?" in line and "ETHAN_MODEL" not in line, line
+            status, body = await _chat(h)
+            assert status == 503 and body["kind"] == "not_found" and body["setting"] == "OPENAI_BASE_URL", body
+            status, body = await healthz(h)
+            assert body["model_problem"] == line        # the chat's 404 did not re-blame the model
+            # a Lark user is not told only that the model's name is wrong
+            await h.send_text("你好，帮我看看这个问题", **ALICE)
+            [answer] = await h.replies(1, timeout=10)
+            assert "接口地址" in answer.text and "重试也没有用" in answer.text, answer.text
+
+
+async def test_an_anthropic_base_url_with_v1_is_blamed_not_the_model(tmp_path):
+    """(issue 52) ANTHROPIC_BASE_URL=…/v1 (the SDK adds /v1 itself: every route 404s) was
+    "ETHAN_MODEL: model … is not known"; an unknown model is still ETHAN_MODEL's."""
+    with FakeAnthropic() as fake:
+        async with Harness(tmp_path / "a", model=fake, anthropic_base_url=fake.base_url + "/v1") as h:
+            status, body = await healthz(h)
+            line = body["model_problem"]
+            assert status == 503 and line.startswith("ANTHROPIC_BASE_URL:") and "remove /v1?" in line, line
+            status, body = await _chat(h)
+            assert status == 503 and body["setting"] == "ANTHROPIC_BASE_URL", body
+        fake.unknown_models = {"claude-typo"}
+        async with Harness(tmp_path / "b", model=fake, ethan_model="claude-typo") as h:
+            status, body = await healthz(h)
+            assert body["model_problem"].startswith("ETHAN_MODEL: model 'claude-typo' is not known"), body
+
+
+async def test_a_key_not_set_is_not_a_key_rejected(tmp_path):
+    """(issue 52) OPENAI_APIKEY=… set no key: the line says OPENAI_API_KEY is not set, not
+    "rejected" (no key was sent)."""
+    with FakeOpenAI(api_key="the-right-key") as fake:
+        async with Harness(tmp_path, model=fake, openai_api_key="") as h:
+            status, body = await healthz(h)
+            line = body["model_problem"]
+            assert status == 503 and line.startswith("OPENAI_API_KEY: not set") and "rejected" not in line, line
+
+
+async def test_misspelt_names_get_one_warning_naming_the_setting(tmp_path, monkeypatch):
+    """(issue 52) ETHAN_MODLE, OPENAI_BASEURL, OPENAI_APIKEY were ignored in silence (the
+    defaults used; "OPENAI_API_KEY: rejected" though no key was sent). Now one start-up warning
+    each naming the closest setting; names the SDKs read (OPENAI_ORG_ID) are left alone."""
+    typos = {"ETHAN_MODLE": "ETHAN_MODEL", "OPENAI_BASEURL": "OPENAI_BASE_URL",
+             "OPENAI_APIKEY": "OPENAI_API_KEY", "LARK_APPID": "LARK_APP_ID"}
+    with FakeOpenAI(api_key="the-right-key") as fake, LogCapture() as logs:
+        for name in typos:
+            monkeypatch.setenv(name, "the-right-key" if name == "OPENAI_APIKEY" else "x")
+        monkeypatch.setenv("OPENAI_ORG_ID", "org-test")
+        monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "t")
+        async with Harness(tmp_path, model=fake, openai_api_key="") as h:
+            status, body = await healthz(h)
+            assert body["model_problem"].startswith("OPENAI_API_KEY: not set"), body
+        lines = {e["name"]: e for e in logs.events("config.unknown_setting")}
+        for name, closest in typos.items():
+            assert lines[name]["closest"] == closest and f"did you mean {closest}?" in lines[name]["problem"]
+        assert "OPENAI_ORG_ID" not in lines and "ANTHROPIC_AUTH_TOKEN" not in lines
+        assert len(logs.events("config.unknown_setting")) == len(lines)    # one line a name
+
+
+@pytest.mark.parametrize("case", ["unknown model", "spent budget"])
+async def test_chat_is_503_model_unusable_in_every_case_the_console_doc_lists(tmp_path, case):
+    """(issue 52) docs/console.md: a refused key, an unknown model, an unreachable endpoint, a
+    spent budget are each a 503 model_unusable whose reason and setting name what to fix (the
+    key and the endpoint: the tests above)."""
+    with FakeOpenAI() as fake:
+        if case == "unknown model":
+            fake.unknown_models = {"gpt-4o"}
+        async with Harness(tmp_path, model=fake) as h:
+            if case == "spent budget":
+                fake.strict = False
+                fake.script(Error.spend_limit())
+            status, body = await _chat(h)
+            assert status == 503 and body["error"] == "model_unusable", body
+            kind, setting = {"unknown model": ("not_found", "ETHAN_MODEL"),
+                             "spent budget": ("spend_limit", "OPENAI_API_KEY")}[case]
+            assert body["kind"] == kind and body["setting"] == setting, body
+            assert body["reason"].startswith(setting + ":"), body
+
+
+@pytest.mark.slow
+async def test_an_endpoint_that_never_answers_is_503_not_an_apology(tmp_path):
+    """(issue 52) An endpoint the start-up check could not reach in time ("timeout"): /chat's
+    timeout is that endpoint, not a passing pause — 503 model_unusable, not 200 + apology."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)            # accepts (the kernel does), never answers
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        async with Harness(tmp_path, provider="openai", openai_base_url=url, ethan_reply_deadline=3.0) as h:
+            status, body = await healthz(h)
+            assert "(provider openai, timeout)" in body["model_problem"], body
+            status, body = await _chat(h)
+            assert status == 503 and body["kind"] == "timeout" and body["setting"] == "OPENAI_BASE_URL", body
+    finally:
+        silent.close()
 
 
 async def test_a_refused_key_shows_in_the_console_answers_chat_503_and_tells_lark_users(tmp_path):

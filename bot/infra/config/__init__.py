@@ -7,7 +7,8 @@ line naming the variable (``ConfigError``), never a traceback.
 
 The package: ``settings.py`` (``Settings``, ``load_settings``), ``sources.py`` (config.yaml, a
 provider's key variable, ``ConfigError``), ``sections.py`` (config.yaml's ``providers:``,
-``mcp_servers:``, ``tools:``). Its public face: ``Settings``, ``load_settings``, ``ConfigError``.
+``mcp_servers:``, ``tools:``), ``names.py`` (names with our prefixes that nothing reads:
+the start-up warning). Its public face: ``Settings``, ``load_settings``, ``ConfigError``.
 """
 
 from bot.infra.config.settings import Settings, load_settings  # noqa: F401
