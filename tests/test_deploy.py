@@ -618,21 +618,28 @@ def _post_chat(port: str, text: str) -> tuple[int, dict]:
         return e.code, {"raw": e.read().decode(errors="replace")}
 
 
-def test_serve_with_its_log_pipe_closed_answers_and_stops_cleanly(tmp_path):
+@pytest.mark.parametrize("how", ["make run, Ctrl-C", "container, SIGTERM"])
+def test_serve_with_its_log_pipe_closed_answers_and_stops_cleanly(tmp_path, how):
     """(issue 52) `make run 2>&1 | tee log`, then tee exits: stdout and stderr are one pipe with
     no reader. Every log write used to raise BrokenPipeError into whatever logged — each
     POST /chat a 500; on SIGTERM the stop's first line raised, so the database was never closed,
     the main thread waited forever on the aiosqlite and checkpoint threads, and the forced exit
     died on its own log line. Now: lines are dropped and counted, answers are 200, SIGTERM
-    closes the database (no -wal left, integrity ok) and exits 0 within the deadline."""
+    closes the database (no -wal left, integrity ok) and exits 0 within the deadline.
+    `make run` (stderr line-buffered, SIGINT from Ctrl-C) and the image (PYTHONUNBUFFERED=1,
+    SIGTERM): buffered, the interpreter's last flush of the dead pipe made the exit status 120."""
     import sqlite3
     import urllib.request
 
     home = tmp_path / "home"
+    env = _clean_env(home, ETHAN_HOST="127.0.0.1", ETHAN_PORT="0")
+    sig = signal.SIGTERM
+    if how.startswith("make run"):
+        del env["PYTHONUNBUFFERED"]       # the Makefile's `ethan serve` runs without it
+        sig = signal.SIGINT
     read_end, write_end = os.pipe()
     proc = subprocess.Popen([sys.executable, "-m", "bot", "serve"], cwd=tmp_path, stdin=subprocess.DEVNULL,
-                            stdout=write_end, stderr=write_end,
-                            env=_clean_env(home, ETHAN_HOST="127.0.0.1", ETHAN_PORT="0"))
+                            stdout=write_end, stderr=write_end, env=env)
     os.close(write_end)
     try:
         with os.fdopen(read_end) as logs:
@@ -652,7 +659,7 @@ def test_serve_with_its_log_pipe_closed_answers_and_stops_cleanly(tmp_path):
         assert live["state"] == "serving" and live["log_lines_dropped"] > 0, live
 
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         code = proc.wait(timeout=shutdown_deadline_default() + SHUTDOWN_OVERHEAD_S)
         assert code == 0, f"exit status {code} after {time.monotonic() - t0:.1f} s"
     finally:
