@@ -7,6 +7,7 @@ slips into a log call never reaches the output.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -86,10 +87,16 @@ class _Stderr:
                 try:
                     stream.write(text)
                     return
-                except (OSError, ValueError):     # EPIPE, EBADF, EIO; ValueError: a closed file
-                    self._broken = stream
-                    _to_devnull(stream)
+                except (OSError, ValueError) as e:
+                    self._give_up(stream, e)
             self.dropped += text.count("\n") or 1
+
+    def _give_up(self, stream, error: Exception) -> None:
+        """A reader gone (EPIPE) or a closed stream never comes back: give it up. Anything
+        else (a full disk, a full non-blocking pipe) may pass: only this line is lost."""
+        if isinstance(error, (BrokenPipeError, ValueError)) or getattr(error, "errno", None) == errno.EBADF:
+            self._broken = stream
+            _to_devnull(stream)
 
     def write(self, text: str) -> int:
         buffered = getattr(self._pending, "text", "") + text
@@ -110,9 +117,8 @@ class _Stderr:
                 return
             try:
                 stream.flush()
-            except (OSError, ValueError):
-                self._broken = stream
-                _to_devnull(stream)
+            except (OSError, ValueError) as e:
+                self._give_up(stream, e)
 
     def isatty(self) -> bool:
         try:
