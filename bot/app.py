@@ -296,8 +296,10 @@ EXIT_FORCED = 1
 
 
 def _force_exit(reason: str, signal_name: str) -> None:
-    log.warning("app.stop_forced", reason=reason, signal=signal_name, exit_code=EXIT_FORCED)
-    os._exit(EXIT_FORCED)
+    try:       # the exit must not depend on its line being written
+        log.warning("app.stop_forced", reason=reason, signal=signal_name, exit_code=EXIT_FORCED)
+    finally:
+        os._exit(EXIT_FORCED)
 
 
 async def serve(settings: Settings) -> None:

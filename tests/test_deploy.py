@@ -3,7 +3,7 @@
 No image is built here (there is no Docker engine on CI); instead the Dockerfile, compose.yaml
 and the systemd unit are parsed and checked against what the code and the README define:
 the command `make run` runs, the variables `.env.example` documents, the shutdown deadline of
-``bot.infra.config.Settings``, the /healthz route. The container's command and its HEALTHCHECK are
+``bot.infra.config.Settings``, the /livez route. The container's command and its HEALTHCHECK are
 then run for real against a local `ethan serve`.
 """
 
@@ -422,7 +422,11 @@ def test_one_balancer_spreads_requests_over_the_healthy_replicas(compose, replic
     [backend] = [k for k in cfg if k.startswith("backend ")]
     lines = cfg[backend]
     assert "balance roundrobin" in lines
-    assert "option httpchk GET /healthz" in lines and "http-check expect status 200" in lines
+    # liveness, not readiness (issue 52): /healthz is 503 on every replica at once while the
+    # model or Lark is down, which emptied the pool and hid the console; /livez says "serving"
+    # unless the replica is starting or draining (tests/e2e/test_metrics.py checks the word)
+    assert "option httpchk GET /livez" in lines and "http-check expect string serving" in lines
+    assert not [ln for ln in lines if "/healthz" in ln], lines
     servers = [ln.split() for ln in lines if ln.startswith("server ")]
     assert [(s[1], s[2]) for s in servers] == [(n, f"{n}:{r['environment']['ETHAN_PORT']}")
                                               for n, r in zip(REPLICAS, replicas)]
@@ -443,10 +447,14 @@ def test_one_balancer_spreads_requests_over_the_healthy_replicas(compose, replic
 
 # --- health, signals, users -------------------------------------------------------------------
 
-def test_healthcheck_asks_healthz(dockerfile):
+def test_healthchecks_ask_livez(dockerfile, servers):
+    """Docker's health is liveness (issue 52): a container "unhealthy" for a model or Lark
+    outage kept Caddy (`depends_on: service_healthy`) from starting and hid the console."""
     opts, argv = healthcheck_command(one(final_stage(dockerfile), "HEALTHCHECK"))
     assert argv[0] in ("python", "python3"), "python:*-slim has no curl or wget"
-    assert "/healthz" in " ".join(argv)
+    assert "/livez" in " ".join(argv) and "/healthz" not in " ".join(argv)
+    for service in servers:      # a compose healthcheck of its own would replace the image's
+        assert "/healthz" not in json.dumps(service.get("healthcheck", {})), service["healthcheck"]
     assert seconds(opts["timeout"]) < seconds(opts["interval"])
     assert seconds(opts.get("start-period", "0s")) >= 10, "startup (imports, migrations) takes seconds"
 
@@ -605,6 +613,75 @@ def test_serve_answers_the_image_healthcheck_and_stops_on_sigterm(tmp_path, dock
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _post_chat(port: str, text: str) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/chat", method="POST",
+                                 data=json.dumps({"user_id": "ou_pipe", "text": text}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, {"raw": e.read().decode(errors="replace")}
+
+
+@pytest.mark.parametrize("how", ["make run, Ctrl-C", "container, SIGTERM"])
+def test_serve_with_its_log_pipe_closed_answers_and_stops_cleanly(tmp_path, how):
+    """(issue 52) `make run 2>&1 | tee log`, then tee exits: stdout and stderr are one pipe with
+    no reader. Every log write used to raise BrokenPipeError into whatever logged — each
+    POST /chat a 500; on SIGTERM the stop's first line raised, so the database was never closed,
+    the main thread waited forever on the aiosqlite and checkpoint threads, and the forced exit
+    died on its own log line. Now: lines are dropped and counted, answers are 200, SIGTERM
+    closes the database (no -wal left, integrity ok) and exits 0 within the deadline.
+    `make run` (stderr line-buffered, SIGINT from Ctrl-C) and the image (PYTHONUNBUFFERED=1,
+    SIGTERM): buffered, the interpreter's last flush of the dead pipe made the exit status 120."""
+    import sqlite3
+    import urllib.request
+
+    home = tmp_path / "home"
+    env = _clean_env(home, ETHAN_HOST="127.0.0.1", ETHAN_PORT="0")
+    sig = signal.SIGTERM
+    if how.startswith("make run"):
+        del env["PYTHONUNBUFFERED"]       # the Makefile's `ethan serve` runs without it
+        sig = signal.SIGINT
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "bot", "serve"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=write_end, stderr=write_end, env=env)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end) as logs:
+            ready = None
+            for line in logs:
+                if json.loads(line)["event"] == "app.ready":
+                    ready = json.loads(line)
+                    break
+        # the reader is gone: the next write to the pipe fails (EPIPE)
+        assert ready is not None, "no app.ready"
+        port = ready["url"].rsplit(":", 1)[1]
+        answers = [_post_chat(port, f"hello {i}") for i in range(3)]
+        assert [status for status, _ in answers] == [200, 200, 200], answers
+        assert all("hello" in body["reply"] for _, body in answers), answers
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=10) as r:
+            live = json.loads(r.read())
+        assert live["state"] == "serving" and live["log_lines_dropped"] > 0, live
+
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=shutdown_deadline_default() + SHUTDOWN_OVERHEAD_S)
+        assert code == 0, f"exit status {code} after {time.monotonic() - t0:.1f} s"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    db = home / "ethan.db"
+    assert db.exists() and not (home / "ethan.db-wal").exists(), sorted(p.name for p in home.iterdir())
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] >= 6   # 3 asked, 3 answered
 
 
 def test_public_bind_without_console_token_stops_with_one_clear_line(tmp_path):

@@ -115,6 +115,33 @@ async def test_a_step_that_never_started_is_not_stopped():
     assert [c for c in calls if c.startswith("stop ")] == ["stop web server", "stop clients", "stop database"]
 
 
+async def test_a_stop_that_fails_does_not_keep_the_database_open():
+    """(issue 52) A step's stop raising used to end the shutdown there: the database, closed
+    last, stayed open and its thread held the process at exit. Now it is one error line and
+    every earlier step still stops."""
+    from tests.reliability.support import LogCapture
+
+    calls: list[str] = []
+    steps = _recorded(STEPS, calls)
+    boom = next(i for i, s in enumerate(steps) if s.name == "web server")
+    recorded_stop = steps[boom].stop
+
+    async def failing(app, shutdown):
+        await recorded_stop(app, shutdown)
+        raise OSError("the socket is gone")
+
+    steps[boom] = Step(steps[boom].name, steps[boom].start, failing)
+    life = Lifespan(steps)
+    await life.start(object(), Boot())
+    with LogCapture() as logs:
+        await life.stop(object(), Shutdown(deadline=1.0, t0=0.0))
+    stops = [c[5:] for c in calls if c.startswith("stop ")]
+    assert stops == [s.name for s in reversed(STEPS) if s.stop is not None]
+    assert stops[-1] == "database"
+    [line] = logs.events("app.stop_step_failed")
+    assert line["step"] == "web server" and line["error"] == "OSError: the socket is gone"
+
+
 def _doc_steps() -> list[str]:
     text = (ROOT / "docs" / "internals.md").read_text()
     section = re.search(r"^## Start-up and shutdown.*?(?=^## )", text, re.S | re.M)

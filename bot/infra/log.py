@@ -7,7 +7,9 @@ slips into a log call never reaches the output.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import sys
 import threading
@@ -55,37 +57,108 @@ def _scrub(_, __, event_dict: dict) -> dict:
 
 
 class _Stderr:
-    """A stream that always writes to the current ``sys.stderr``, a whole line at a time.
+    """A stream that always writes to the current ``sys.stderr``, a whole line at a time, and
+    never raises.
 
     structlog's print() writes a line and its newline in two calls, under its own lock; a
     library logging from a thread (psycopg's pool while PostgreSQL is down) writes through the
     stdlib handler, under another. Between the two calls the other line landed, and two JSON
     lines became one unreadable line. So text is kept per thread until its newline, and each
-    complete line goes out in one write under one lock."""
+    complete line goes out in one write under one lock.
+
+    A log line is never worth a request: ``make run 2>&1 | tee log`` and the reader gone, every
+    write raised BrokenPipeError into the code that logged (each ``POST /chat`` a 500, the
+    signal handler's first line, the forced exit's own line — so SIGTERM ended nothing). A
+    stream that failed once is given up: its lines are dropped and counted
+    (``dropped_lines``, the ``ethan_log_lines_dropped_total`` metric), and its descriptor
+    now points at /dev/null so no other writer (a library's print, the interpreter's flush at
+    exit) trips on it either."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending = threading.local()
+        self._broken: object = None     # the sys.stderr object that failed, while it is current
+        self.dropped = 0
+
+    def _emit(self, text: str) -> None:
+        with self._lock:
+            stream = sys.stderr
+            if stream is not None and stream is not self._broken:
+                try:
+                    stream.write(text)
+                    return
+                except (OSError, ValueError) as e:
+                    self._give_up(stream, e)
+            self.dropped += text.count("\n") or 1
+
+    def _give_up(self, stream, error: Exception) -> None:
+        """A reader gone (EPIPE) or a closed stream never comes back: give it up. Anything
+        else (a full disk, a full non-blocking pipe) may pass: only this line is lost."""
+        if isinstance(error, (BrokenPipeError, ValueError)) or getattr(error, "errno", None) == errno.EBADF:
+            self._broken = stream
+            _to_devnull(stream)
 
     def write(self, text: str) -> int:
         buffered = getattr(self._pending, "text", "") + text
         head, sep, rest = buffered.rpartition("\n")
         self._pending.text = rest
         if sep:
-            with self._lock:
-                sys.stderr.write(head + sep)
+            self._emit(head + sep)
         return len(text)
 
     def flush(self) -> None:
         rest = getattr(self._pending, "text", "")
         if rest:
             self._pending.text = ""
-            with self._lock:
-                sys.stderr.write(rest)
-        sys.stderr.flush()
+            self._emit(rest)
+        with self._lock:
+            stream = sys.stderr
+            if stream is None or stream is self._broken:
+                return
+            try:
+                stream.flush()
+            except (OSError, ValueError) as e:
+                self._give_up(stream, e)
 
     def isatty(self) -> bool:
-        return sys.stderr.isatty()
+        try:
+            return sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+
+def _to_devnull(stream) -> None:
+    """Point a broken stream's descriptor (and stdout's, when it is the same pipe) at /dev/null:
+    what is still in its buffer, and whatever else writes there, then goes nowhere instead of
+    raising — at exit too, where a failed flush of a dead pipe made the exit status 120."""
+    try:
+        fd = stream.fileno()
+        dead = os.fstat(fd)
+    except (OSError, ValueError, AttributeError):
+        return      # a closed file, or no descriptor at all: there is nothing to redirect
+    targets = [fd]
+    for other in (sys.stdout, sys.__stdout__, sys.__stderr__):
+        try:
+            ofd = other.fileno()
+            st = os.fstat(ofd)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if (st.st_dev, st.st_ino) == (dead.st_dev, dead.st_ino) and ofd not in targets:
+            targets.append(ofd)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for target in targets:
+            os.dup2(null, target)
+    finally:
+        os.close(null)
+
+
+_STDERR = _Stderr()      # one per process: its count of dropped lines survives reconfiguration
+
+
+def dropped_lines() -> int:
+    """Log lines dropped because stderr could not take them (a closed or broken pipe)."""
+    return _STDERR.dropped
 
 
 def _stdlib_formatter(json: bool) -> logging.Formatter:
@@ -127,7 +200,7 @@ LIBRARY_LOGGERS = ("Lark",)     # loggers a library gives a handler of its own (
 def configure_logging(level: str = "info", *, json: bool | None = None, stream=None) -> None:
     # Without a stream, write to whatever sys.stderr is at the time of each line, not the object
     # it was at configuration (a redirected stderr that was later closed broke every log call).
-    stream = stream or _Stderr()
+    stream = stream or _STDERR
     if json is None:
         json = not stream.isatty()
     lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)

@@ -43,6 +43,17 @@ class Metrics:
         self.database = Gauge("ethan_database_work", "PostgreSQL work since start, by kind "
                               "(units, round_trips, retries)", ["kind"], registry=r)
 
+        # Log lines stderr could not take (a closed pipe): bot/infra/log.py counts them, process-wide.
+        self.log_dropped = Counter("ethan_log_lines_dropped_total", "Log lines dropped: stderr was "
+                                   "closed or its reader gone", registry=r)
+        self._log_dropped_seen = 0
+
+    def log_lines_dropped(self, total: int) -> None:
+        """Bring the counter up to the process's count (read at scrape time, not per line)."""
+        if total > self._log_dropped_seen:
+            self.log_dropped.inc(total - self._log_dropped_seen)
+            self._log_dropped_seen = total
+
     def database_work(self, snapshot: dict) -> None:
         for kind in ("units", "round_trips", "retries"):
             self.database.labels(kind).set(snapshot.get(kind, 0))

@@ -3,7 +3,8 @@ and stopped in reverse order at shutdown (the idea of nonebot2's driver lifespan
 
 Shutdown is the mirror of start-up by construction: ``Lifespan.stop`` stops the steps that
 started, last first. A step that never started is not stopped; a step whose start raised
-half-way is stopped (every stop closes only what exists: each close is guarded). A step's stop
+half-way is stopped (every stop closes only what exists: each close is guarded); a stop that
+raises is logged (``app.stop_step_failed``) and the steps before it still stop. A step's stop
 may also stop what later steps made when today's order of shutdown asks for it (e.g.
 ``clients`` closes the model clients built after the web server; ``delivery`` stops the
 reminder scheduler): the table (``bot/startup/steps.py``) says so at each step. ``Boot``
@@ -18,6 +19,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
+
+from bot.infra.log import get_logger
+
+log = get_logger("ethan.startup")
 
 
 @dataclass(frozen=True)
@@ -73,4 +78,10 @@ class Lifespan:
         while self.started:
             step = self.started.pop()
             if step.stop is not None:
-                await step.stop(app, shutdown)
+                try:
+                    await step.stop(app, shutdown)
+                except Exception as e:
+                    # One stop that fails must not keep the rest from running: the database
+                    # close is last, and an unclosed database leaves its non-daemon thread
+                    # holding the process at exit (issue 52).
+                    log.error("app.stop_step_failed", step=step.name, error=f"{type(e).__name__}: {e}")

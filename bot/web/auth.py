@@ -5,7 +5,7 @@ by :meth:`ConsoleAuth.middleware` for every request the server answers, so a rou
 (``POST /chat``, …) is covered without doing anything:
 
 * Always open: ``POST /lark/events`` (Lark signs it, bot/lark/transport/webhook.py checks that),
-  ``GET /healthz`` (probes), and what the login page itself needs (``/login``, ``/logout``,
+  ``GET /healthz`` and ``GET /livez`` (probes), and what the login page itself needs (``/login``, ``/logout``,
   ``/static/…``). The built-in offline model (``/_offline``) answers only the process's own
   client, which sends a per-process key.
 * A token is set: every other request needs it — ``Authorization: Bearer <token>``, or the
@@ -60,7 +60,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOGIN_FAILURES = 10          # per client address ...
 LOGIN_WINDOW = 300.0         # ... per this many seconds, then wrong guesses get 429 ...
 LOGIN_TARPIT_S = 1.0         # ... after this delay (a correct token is still accepted)
-OPEN_PATHS = frozenset({"/lark/events", "/healthz", "/login", "/logout"})
+OPEN_PATHS = frozenset({"/lark/events", "/healthz", "/livez", "/login", "/logout"})
 OPEN_PREFIXES = ("/static/",)
 OFFLINE_PREFIX = "/_offline/"
 MACHINE_PATHS = frozenset({"/metrics", "/chat"})   # refused with 401, never a login redirect

@@ -1,4 +1,9 @@
-"""GET /healthz (readiness, JSON) and GET /metrics (Prometheus text)."""
+"""GET /livez (liveness), GET /healthz (readiness), both JSON, and GET /metrics (Prometheus text).
+
+``/livez`` is 200 whenever this process answers HTTP — whatever the model, Lark or the database
+do — so a probe that restarts or routes (Docker's HEALTHCHECK, HAProxy) never takes the console,
+where those problems are shown, out of reach. ``/healthz`` is 503 until everything Ethan needs
+to answer works: what a deploy script waits for before it sends traffic."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from bot.infra.config import Settings
+from bot.infra.log import dropped_lines
 from bot.infra.metrics import Metrics
 
 
@@ -90,7 +96,18 @@ def setup_health(web_app: web.Application, ethan: Probed) -> None:
         }
         return web.json_response(body, status=200 if ready else 503)
 
+    async def livez(request: web.Request) -> web.Response:
+        # Nothing here waits on anything: answering is the proof of life. ``state`` is what a
+        # balancer routes on (deploy/haproxy.cfg expects "serving"): started and not draining,
+        # whatever the model or Lark do — a draining replica gets no new requests.
+        return web.json_response({
+            "status": "alive",
+            "state": "stopping" if ethan.closing else "serving" if ethan.ready else "starting",
+            "uptime_s": round(time.time() - ethan.started_at, 1) if ethan.started_at else 0,
+            "log_lines_dropped": dropped_lines()})
+
     async def metrics(request: web.Request) -> web.Response:
+        ethan.metrics.log_lines_dropped(dropped_lines())
         if ethan.queue is not None:
             ethan.metrics.queue_depth.set(ethan.queue.depth)
         if ethan.dispatcher is not None:
@@ -101,5 +118,6 @@ def setup_health(web_app: web.Application, ethan: Probed) -> None:
         body, ctype = ethan.metrics.render()
         return web.Response(body=body, headers={"Content-Type": ctype})
 
+    web_app.router.add_get("/livez", livez)
     web_app.router.add_get("/healthz", healthz)
     web_app.router.add_get("/metrics", metrics)

@@ -74,3 +74,35 @@ def test_stdlib_records_and_the_lark_sdks_are_json_lines_scrubbed(restored_loggi
     assert pool["logger"] == "psycopg.pool" and "ValueError" in pool["exception"]
     assert (lark["logger"], lark["level"]) == ("Lark", "warning")
     assert capsys.readouterr().out == ""
+
+
+def test_a_closed_log_pipe_drops_and_counts_lines_and_never_raises(restored_logging, monkeypatch):
+    """(issue 52) stderr a pipe whose reader is gone, then a closed file: structlog's lines and
+    a library's stdlib record are dropped and counted, never raised into the caller; the dead
+    descriptor then points at /dev/null, so a direct write to it (the interpreter's flush at
+    exit) no longer fails either. tests/test_deploy.py drives the same through `ethan serve`."""
+    import io
+    import os
+    import sys
+
+    from bot.infra.log import configure_logging, dropped_lines, get_logger
+
+    read_end, write_end = os.pipe()
+    pipe = os.fdopen(write_end, "w", buffering=1)
+    os.close(read_end)                          # the reader exits, as tee does
+    monkeypatch.setattr(sys, "stderr", pipe)
+    logging.getLogger().handlers[:] = []
+    configure_logging("info", json=True)
+    before = dropped_lines()
+    log = get_logger("ethan.test")
+    log.info("first.line", chat_id="oc_1")     # EPIPE here: given up, counted
+    log.info("second.line", chat_id="oc_1")    # the stream is given up: counted, not written
+    logging.getLogger("psycopg.pool").warning("pool trouble")
+    assert dropped_lines() == before + 3
+    os.write(write_end, b"after\n")              # /dev/null now: no EPIPE
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stderr", closed)  # another stream, closed: ValueError, counted
+    log.warning("third.line")
+    assert dropped_lines() == before + 4
+    pipe.close()

@@ -81,8 +81,11 @@ async def test_every_series_is_exposed_with_its_type(tmp_path):
         "ethan_reply_latency_seconds": "histogram",
         "ethan_tool_calls": "counter",
         "ethan_tool_latency_seconds": "histogram",
+        "ethan_log_lines_dropped": "counter",   # stderr closed (issue 52)
     }
     assert m.value("ethan_replies_sent_total") == 0
+    from bot.infra.log import dropped_lines        # process-wide: earlier tests may have dropped some
+    assert m.value("ethan_log_lines_dropped_total") == dropped_lines()
     assert m.value("ethan_reply_latency_seconds_count") == 0
 
 
@@ -223,6 +226,9 @@ async def test_healthz_is_503_while_stopping(tmp_path):
             assert status == 503
             assert body["ready"] is False
             assert body["status"] == "stopping"
+            # alive all the same (issue 52): a liveness probe must not restart a draining process
+            async with h.http.get(app.base_url + "/livez") as r:
+                assert r.status == 200 and (await r.json())["state"] == "stopping"
         finally:
             await stopping
         # The in-flight reply was allowed to finish (deadline 5 s in the harness).
@@ -232,3 +238,26 @@ async def test_healthz_is_503_while_stopping(tmp_path):
 
 async def _async(value):
     return value
+
+
+async def livez(h: Harness) -> tuple[int, dict]:
+    async with h.http.get(h.url + "/livez") as r:
+        return r.status, await r.json()
+
+
+async def test_livez_is_200_while_the_model_is_down_and_healthz_is_503(tmp_path):
+    """(issue 52) Liveness is not readiness: with the model refusing the key (the fake answers
+    401 to every request), /healthz is 503 "degraded" — and /livez, what Docker's HEALTHCHECK
+    and HAProxy ask (deploy/), is 200, so the console that shows the problem stays reachable.
+    (While stopping: test_healthz_is_503_while_stopping.)"""
+    from tests.fakes.fake_openai import FakeOpenAI
+
+    with FakeOpenAI(api_key="the-right-key") as fake:
+        async with Harness(tmp_path, model=fake) as h:
+            status, body = await healthz(h)
+            assert status == 503 and body["status"] == "degraded", body
+            status, body = await livez(h)
+            assert status == 200 and body["status"] == "alive", body
+            assert body["state"] == "serving", body     # what deploy/haproxy.cfg routes on
+            from bot.infra.log import dropped_lines    # process-wide (tests/bot/test_log_scrub.py drops some)
+            assert body["log_lines_dropped"] == dropped_lines()

@@ -53,6 +53,8 @@ async def test_non_loopback_api_needs_the_token(remote):
         assert r.status == 200 and body["text"].startswith("[offline] ")
     async with http.get(url + "/healthz") as r:
         assert r.status == 200                      # health stays open for probes
+    async with http.get(url + "/livez") as r:       # the image's HEALTHCHECK sends no token (issue 52)
+        assert r.status == 200 and (await r.json())["status"] == "alive"
 
 
 async def test_pages_redirect_to_login_and_the_cookie_works(remote):
