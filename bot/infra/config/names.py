@@ -33,7 +33,7 @@ NOT_OURS = frozenset({
     "ANTHROPIC_VERTEX_PROJECT_ID", "ANTHROPIC_WEBHOOK_SIGNING_KEY", "ANTHROPIC_WORK_SECRET",
     # ours, but not settings: an MCP child's parent pid (bot/tools/mcp_child.py); the tests'
     # and CI's own switches (tests/conftest.py, tests/preflight.py, Makefile)
-    "ETHAN_MCP_PARENT", "ETHAN_CHROMIUM", "ETHAN_CI_IN_CLONE", "ETHAN_FIXTURES", "ETHAN_PG_BINDIR",
+    "ETHAN_MCP_PARENT", "ETHAN_CHROMIUM", "ETHAN_CI_IN_CLONE", "ETHAN_FAKETIME", "ETHAN_FIXTURES", "ETHAN_PG_BINDIR",
 })
 
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
